@@ -1,0 +1,165 @@
+// FlashLab public C++ API.
+//
+// One call computes exact attention  O = softmax(scale · Q Kᵀ + mask) V  for tensors in
+// FlashAttention's layout [batch, seqlen, heads, head_dim] (or packed varlen
+// [total_tokens, heads, head_dim] with cu_seqlens). Every entry point:
+//   - never throws (all functions are noexcept; failures come back as a Status),
+//   - never allocates memory: scratch space is the caller's `workspace`, sized by
+//     workspace_size() for the same arguments,
+//   - validates everything first; a bad argument gets a Status whose message names the
+//     argument and the rule it broke, and nothing is read or written.
+//
+// The header has no CUDA dependency: streams are passed as `void*` (a cudaStream_t).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace flashlab {
+
+// ---------------------------------------------------------------------------------------
+// Status
+// ---------------------------------------------------------------------------------------
+enum class StatusCode : int {
+  kOk = 0,
+  kInvalidArgument,    // an argument breaks a rule of the API (shape, dtype, pointer, ...)
+  kUnsupported,        // valid, but no kernel (or not the named one) supports it
+  kNotFound,           // the named kernel does not exist in this build
+  kWorkspaceTooSmall,  // workspace_bytes < workspace_size(args)
+  kCudaError,          // a CUDA runtime call or kernel launch failed
+};
+
+class Status {
+ public:
+  Status() = default;  // OK
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  bool ok() const noexcept { return code_ == StatusCode::kOk; }
+  StatusCode code() const noexcept { return code_; }
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+const char* to_string(StatusCode code) noexcept;
+
+// ---------------------------------------------------------------------------------------
+// Tensors: non-owning strided views. Shapes and strides are in elements.
+// ---------------------------------------------------------------------------------------
+enum class DType : uint8_t { kF32, kF16, kBF16, kF64, kI32 };
+enum class Device : uint8_t { kCPU, kCUDA };
+
+const char* to_string(DType dtype) noexcept;
+const char* to_string(Device device) noexcept;
+size_t dtype_size(DType dtype) noexcept;
+
+inline constexpr int kMaxRank = 4;
+
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  Device device = Device::kCPU;
+  int device_index = 0;
+  int rank = 0;  // 0 = absent (for the maybe_* optionals)
+  std::array<int64_t, kMaxRank> shape{};
+  std::array<int64_t, kMaxRank> stride{};
+
+  bool present() const noexcept { return rank != 0; }
+  int64_t numel() const noexcept;
+
+  // A row-major (contiguous) view of `shape`.
+  static Tensor contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                           Device device = Device::kCPU, int device_index = 0) noexcept;
+  // A view with explicit strides (in elements).
+  static Tensor strided(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                        std::initializer_list<int64_t> stride, Device device = Device::kCPU,
+                        int device_index = 0) noexcept;
+};
+
+// ---------------------------------------------------------------------------------------
+// Arguments (what the caller gives). Kernels never see these: validation turns them into
+// plain-data Params first.
+// ---------------------------------------------------------------------------------------
+inline constexpr std::string_view kAutoKernel = "auto";
+
+struct CommonArgs {
+  // Varlen: both present or both absent. int32 [batch + 1], on the device of q, starting
+  // at 0 and non-decreasing. With them q/k/v/out are [total_tokens, heads, head_dim].
+  Tensor maybe_cu_seqlens_q;
+  Tensor maybe_cu_seqlens_k;
+  int max_seqlen_q = 0;  // varlen only: the longest sequence in cu_seqlens_q
+  int max_seqlen_k = 0;  // varlen only: the longest sequence in cu_seqlens_k
+
+  std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
+  bool causal = false;                 // bottom-right aligned, as FlashAttention >= 2.1
+  int window_left = -1;                // sliding window; -1 = unbounded
+  int window_right = -1;
+  float softcap = 0.f;                 // 0 = off; else logits = softcap·tanh(logits/softcap)
+
+  std::string_view kernel = kAutoKernel;  // "auto" or a name from kernels()
+  void* stream = nullptr;                 // cudaStream_t for CUDA tensors
+  void* workspace = nullptr;              // caller's scratch, on the tensors' device
+  size_t workspace_bytes = 0;
+  int num_threads = 0;                    // CPU kernels; 0 = all hardware threads
+  // Kernels whose workspace grows as seqlen_q·seqlen_k (cpu_reference, the naive GPU rung)
+  // refuse calls that would need more than this; raise it to run them anyway.
+  size_t quadratic_workspace_limit = size_t(4) << 30;
+};
+
+struct ForwardArgs : CommonArgs {
+  Tensor q;          // [batch, seqlen_q, heads_q,  head_dim]
+  Tensor k;          // [batch, seqlen_k, heads_kv, head_dim]
+  Tensor v;          // [batch, seqlen_k, heads_kv, head_dim_v]
+  Tensor out;        // [batch, seqlen_q, heads_q,  head_dim_v]   (written)
+  Tensor maybe_lse;  // fp32 [batch, heads_q, seqlen_q]; varlen [heads_q, total_q] (written)
+};
+
+struct BackwardArgs : CommonArgs {
+  Tensor q, k, v, out;  // as in ForwardArgs; out is the forward's output
+  Tensor dout;          // like out
+  Tensor lse;           // the forward's LSE (required)
+  Tensor dq;            // like q  (written)
+  Tensor dk;            // like k  (written; summed over the heads of a GQA group)
+  Tensor dv;            // like v  (written)
+  bool deterministic = false;
+};
+
+// ---------------------------------------------------------------------------------------
+// Entry points
+// ---------------------------------------------------------------------------------------
+Status forward(const ForwardArgs& args) noexcept;
+Status backward(const BackwardArgs& args) noexcept;
+
+// Bytes of workspace the kernel that `args` selects needs (workspace fields are ignored).
+Status workspace_size(const ForwardArgs& args, size_t* bytes) noexcept;
+Status workspace_size(const BackwardArgs& args, size_t* bytes) noexcept;
+
+// Which kernel "auto" (or the named kernel) would run, or why none can.
+Status select_kernel(const ForwardArgs& args, std::string* name) noexcept;
+Status select_kernel(const BackwardArgs& args, std::string* name) noexcept;
+
+// ---------------------------------------------------------------------------------------
+// The registry
+// ---------------------------------------------------------------------------------------
+struct KernelInfo {
+  std::string_view name;      // what `kernel` takes
+  std::string_view arch;      // "cpu", "sm80+", "sm90a", ...
+  std::string_view summary;   // one line: what it is and what it supports
+  bool has_forward = false;
+  bool has_backward = false;
+};
+
+std::span<const KernelInfo> kernels() noexcept;
+
+// True when this build has CUDA kernels and at least one CUDA device is visible.
+bool cuda_available() noexcept;
+
+}  // namespace flashlab

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The one command for a GPU machine: build for the local GPU (sm_90a by default), run every
+# test (CPU and GPU), the GPU suite under compute-sanitizer, and the benchmarks; print a
+# summary table last. Full logs go to $OUT (or ./gpu-check-logs when OUT is unset).
+#
+#   scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--filter GTEST_FILTER] [-- extra bench flags]
+#
+# CUTLASS headers: the build finds them through -DCUTLASS_DIR; on a machine without network,
+# carry them in .cutlass/include (an ignored folder) and this script points the build there.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+sanitize=1 bench=1 filter='*Gpu*'
+bench_extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-sanitizer) sanitize=0 ;;
+    --no-bench) bench=0 ;;
+    --filter) filter="$2"; shift ;;
+    --) shift; bench_extra=("$@"); break ;;
+    *) echo "unknown flag $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+logs="${OUT:-$PWD/gpu-check-logs}"
+mkdir -p "$logs"
+declare -a rows=()
+failed=0
+
+step() {  # step NAME LOGFILE COMMAND...
+  local name="$1" log="$2"; shift 2
+  local t0=$SECONDS
+  echo "== $name: $*" | tee -a "$logs/$log"
+  if "$@" >>"$logs/$log" 2>&1; then
+    rows+=("$(printf '%-28s %-6s %5ss  %s' "$name" PASS $((SECONDS - t0)) "$log")")
+  else
+    rows+=("$(printf '%-28s %-6s %5ss  %s' "$name" FAIL $((SECONDS - t0)) "$log")")
+    failed=1
+  fi
+  tail -n 25 "$logs/$log"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
+
+cutlass_flag=()
+[ -f .cutlass/include/cute/tensor.hpp ] && cutlass_flag=(-DCUTLASS_DIR="$PWD/.cutlass/include")
+step configure build.log cmake --preset hopper "${cutlass_flag[@]}"
+step build build.log cmake --build --preset hopper -j "$(nproc)"
+step "tests (all)" tests.log ctest --preset hopper
+bin=build/hopper
+if [ "$sanitize" = 1 ]; then
+  for tool in memcheck racecheck synccheck; do
+    step "sanitizer $tool" "sanitizer-$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      "$bin/tests/flashlab_tests" --gtest_filter="$filter"
+  done
+fi
+if [ "$bench" = 1 ]; then
+  step "bench (default GPU)" bench.log "$bin/flashlab" bench "${bench_extra[@]}"
+  step "bench --ladder" ladder.log "$bin/flashlab" bench --ladder "${bench_extra[@]}"
+fi
+
+echo
+echo "== summary ($(head -n1 "$logs/gpu.txt"))"
+printf '%-28s %-6s %6s  %s\n' step result time log
+printf '%s\n' "${rows[@]}"
+exit $failed

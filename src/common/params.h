@@ -1,0 +1,99 @@
+// Params: what kernels see. Validation (src/api.cpp) turns the caller's Args into these
+// plain-data structs once: resolved scale, normalized mask, strides grouped by tensor.
+// Kernels never re-validate and never read Args.
+//
+// Addressing is the same for padded and varlen problems:
+//   element (b, i, h, d) of q is at
+//     q + b·q_batch_stride + (seq_start_q(b) + i)·q_row_stride + h·q_head_stride + d
+//   where seq_start_q(b) = cu_seqlens_q[b] for varlen (batch stride 0) and 0 otherwise.
+//   LSE row (b, h, i) is at lse + b·lse_batch_stride + h·lse_head_stride + seq_start_q(b) + i.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "flashlab/flashlab.h"
+#include "common/mask.h"
+
+namespace flashlab {
+
+struct AttnParams {
+  DType dtype = DType::kF32;
+  Device device = Device::kCPU;
+  int device_index = 0;
+
+  // Problem size. For varlen, seqlen_q/k are the caller's max_seqlen_q/k.
+  int batch = 0;
+  int seqlen_q = 0;
+  int seqlen_k = 0;
+  int heads_q = 0;
+  int heads_kv = 0;
+  int head_dim = 0;    // of q and k
+  int head_dim_v = 0;  // of v and out
+  int group = 1;       // heads_q / heads_kv (GQA/MQA)
+
+  bool varlen = false;
+  const int32_t* cu_seqlens_q = nullptr;  // [batch + 1], on `device`
+  const int32_t* cu_seqlens_k = nullptr;
+  int64_t total_q = 0;  // rows of q (varlen) or batch·seqlen_q
+  int64_t total_k = 0;
+
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+
+  float* lse = nullptr;  // fp32, rows contiguous; may be null in the forward
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;
+
+  float scale = 0.f;       // softmax scale applied to q·k
+  float scale_log2 = 0.f;  // scale · log2(e), for exp2-based softmax
+  MaskPolicy mask;         // window (causal folded in) and softcap
+
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  void* stream = nullptr;
+  int num_threads = 1;  // resolved (>= 1)
+  size_t quadratic_workspace_limit = 0;
+};
+
+struct FwdParams : AttnParams {};
+
+struct BwdParams : AttnParams {
+  const void* dout = nullptr;
+  int64_t do_batch_stride = 0, do_row_stride = 0, do_head_stride = 0;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+  bool deterministic = false;
+};
+
+// Sequence bounds of batch entry b, read on the host (CPU kernels only: GPU kernels read
+// cu_seqlens on the device with the same formulas).
+struct SeqBounds {
+  int64_t start_q = 0, start_k = 0;
+  int len_q = 0, len_k = 0;
+};
+
+inline SeqBounds host_seq_bounds(const AttnParams& p, int b) {
+  SeqBounds s;
+  if (p.varlen) {
+    s.start_q = p.cu_seqlens_q[b];
+    s.start_k = p.cu_seqlens_k[b];
+    s.len_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+    s.len_k = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+  } else {
+    s.len_q = p.seqlen_q;
+    s.len_k = p.seqlen_k;
+  }
+  return s;
+}
+
+}  // namespace flashlab

@@ -1,0 +1,37 @@
+// The kernel registry: every kernel, CPU or GPU, ladder rung or production, is one entry.
+// Dispatch, the tests and the benchmark iterate over it, so a new kernel is tested and
+// measured the moment it is registered.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "common/params.h"
+#include "flashlab/flashlab.h"
+
+namespace flashlab {
+
+struct KernelEntry {
+  KernelInfo info;
+  // Higher wins when the caller asks for "auto"; 0 = never chosen automatically.
+  int auto_priority = 0;
+
+  // Each returns "" when the kernel can run `p`, else the reason in words.
+  std::string (*supports_fwd)(const FwdParams& p) = nullptr;
+  size_t (*workspace_fwd)(const FwdParams& p) = nullptr;  // nullptr: needs none
+  Status (*run_fwd)(const FwdParams& p) = nullptr;
+
+  std::string (*supports_bwd)(const BwdParams& p) = nullptr;
+  size_t (*workspace_bwd)(const BwdParams& p) = nullptr;
+  Status (*run_bwd)(const BwdParams& p) = nullptr;
+};
+
+std::span<const KernelEntry> registry() noexcept;
+
+// Registration lists, one per backend (defined next to the kernels).
+std::span<const KernelEntry> cpu_kernels() noexcept;
+#if FLASHLAB_WITH_CUDA
+std::span<const KernelEntry> cuda_kernels() noexcept;
+#endif
+
+}  // namespace flashlab

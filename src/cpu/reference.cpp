@@ -1,0 +1,232 @@
+// cpu_reference — the oracle every other kernel is tested against.
+//
+// Straightforward attention in fp64, the way a textbook writes it: for each (batch, head)
+// materialize the whole score matrix S = scale·Q Kᵀ (transformed by the mask policy's
+// softcap), softmax each row, multiply by V. Extra memory is O(seqlen_q · seqlen_k) per
+// thread — exactly what FlashAttention avoids, and what `flashlab bench` shows next to
+// cpu_flash.
+//
+// The backward recomputes P from the scores (not from the given LSE, so a wrong LSE cannot
+// hide), then with FlashAttention-2's preprocessing D_i = rowsum(dO_i ∘ O_i):
+//   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D) ∘ dlogit,  dQ = scale·dS K,  dK = scale·dSᵀ Q.
+// GQA: one task per kv head sums dK/dV over the query heads of its group.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/dtype.h"
+#include "common/params.h"
+#include "common/registry.h"
+#include "cpu/cpu_kernels.h"
+
+namespace flashlab {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// rows × cols of a head, starting at element `offset`, into a dense double matrix.
+void gather(const void* base, DType dt, int64_t offset, int64_t row_stride, int rows, int cols,
+            double* dst) {
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c)
+      dst[int64_t(r) * cols + c] = load_as_double(base, dt, offset + r * row_stride + c);
+}
+
+void scatter(void* base, DType dt, int64_t offset, int64_t row_stride, int rows, int cols,
+             const double* src) {
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c)
+      store_from_double(base, dt, offset + r * row_stride + c, src[int64_t(r) * cols + c]);
+}
+
+double dot(const double* a, const double* b, int n) {
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+int threads_for(int tasks, int wanted) { return std::max(1, std::min(tasks, wanted)); }
+
+// Logits of one (batch, head): S[i][j] for the allowed keys, and each row's LSE (-inf for
+// a row that sees no key).
+void scores_and_lse(const AttnParams& p, int len_q, int len_k, const double* Q, const double* K,
+                    double* S, double* lse) {
+  const int D = p.head_dim;
+  for (int i = 0; i < len_q; ++i) {
+    const int jb = p.mask.key_begin(i, len_q, len_k), je = p.mask.key_end(i, len_q, len_k);
+    double* s = S + int64_t(i) * p.seqlen_k;
+    double m = kNegInf;
+    for (int j = jb; j < je; ++j) {
+      s[j] = p.mask.logit(double(p.scale) * dot(Q + int64_t(i) * D, K + int64_t(j) * D, D));
+      m = std::max(m, s[j]);
+    }
+    if (jb >= je) {
+      lse[i] = kNegInf;
+      continue;
+    }
+    double l = 0;
+    for (int j = jb; j < je; ++j) l += std::exp(s[j] - m);
+    lse[i] = m + std::log(l);
+  }
+}
+
+// ---- forward ----------------------------------------------------------------------------
+
+size_t fwd_per_thread(const AttnParams& p) {
+  const size_t sq = size_t(p.seqlen_q), sk = size_t(p.seqlen_k);
+  return (sq * p.head_dim + sk * (p.head_dim + p.head_dim_v) + sq * sk + sq + sq * p.head_dim_v) *
+         sizeof(double);
+}
+
+size_t ref_fwd_workspace(const FwdParams& p) {
+  return fwd_per_thread(p) * threads_for(p.batch * p.heads_q, p.num_threads);
+}
+
+Status ref_fwd(const FwdParams& p) {
+  const int tasks = p.batch * p.heads_q;
+  const int nt = threads_for(tasks, p.num_threads);
+  const size_t per = fwd_per_thread(p) / sizeof(double);
+  const int D = p.head_dim, Dv = p.head_dim_v, Sk = p.seqlen_k;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int t = 0; t < tasks; ++t) {
+    const int b = t / p.heads_q, h = t % p.heads_q, hk = h / p.group;
+    const SeqBounds sb = host_seq_bounds(p, b);
+    double* Q = static_cast<double*>(p.workspace) + per * omp_get_thread_num();
+    double* K = Q + int64_t(p.seqlen_q) * D;        // [len_k, D]
+    double* V = K + int64_t(Sk) * D;                // [len_k, Dv]
+    double* S = V + int64_t(Sk) * Dv;               // [len_q, Sk]
+    double* lse = S + int64_t(p.seqlen_q) * Sk;     // [len_q]
+    double* O = lse + p.seqlen_q;                   // [len_q, Dv]
+    gather(p.q, p.dtype, b * p.q_batch_stride + sb.start_q * p.q_row_stride + h * p.q_head_stride,
+           p.q_row_stride, sb.len_q, D, Q);
+    gather(p.k, p.dtype, b * p.k_batch_stride + sb.start_k * p.k_row_stride + hk * p.k_head_stride,
+           p.k_row_stride, sb.len_k, D, K);
+    gather(p.v, p.dtype, b * p.v_batch_stride + sb.start_k * p.v_row_stride + hk * p.v_head_stride,
+           p.v_row_stride, sb.len_k, Dv, V);
+    scores_and_lse(p, sb.len_q, sb.len_k, Q, K, S, lse);
+    for (int i = 0; i < sb.len_q; ++i) {
+      double* o = O + int64_t(i) * Dv;
+      std::fill(o, o + Dv, 0.0);
+      const int jb = p.mask.key_begin(i, sb.len_q, sb.len_k), je = p.mask.key_end(i, sb.len_q, sb.len_k);
+      for (int j = jb; j < je; ++j) {
+        const double pij = std::exp(S[int64_t(i) * Sk + j] - lse[i]);
+        for (int d = 0; d < Dv; ++d) o[d] += pij * V[int64_t(j) * Dv + d];
+      }
+      if (p.lse)
+        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + sb.start_q + i] = float(lse[i]);
+    }
+    scatter(p.out, p.dtype, b * p.o_batch_stride + sb.start_q * p.o_row_stride + h * p.o_head_stride,
+            p.o_row_stride, sb.len_q, Dv, O);
+  }
+  return {};
+}
+
+// ---- backward ---------------------------------------------------------------------------
+
+size_t bwd_per_thread(const AttnParams& p) {
+  const size_t sq = size_t(p.seqlen_q), sk = size_t(p.seqlen_k);
+  const size_t D = p.head_dim, Dv = p.head_dim_v;
+  return (sk * (2 * D + 2 * Dv) + sq * (2 * D + 2 * Dv) + sq * sk + 2 * sq) * sizeof(double);
+}
+
+size_t ref_bwd_workspace(const BwdParams& p) {
+  return bwd_per_thread(p) * threads_for(p.batch * p.heads_kv, p.num_threads);
+}
+
+Status ref_bwd(const BwdParams& p) {
+  const int tasks = p.batch * p.heads_kv;
+  const int nt = threads_for(tasks, p.num_threads);
+  const size_t per = bwd_per_thread(p) / sizeof(double);
+  const int D = p.head_dim, Dv = p.head_dim_v, Sk = p.seqlen_k, Sq = p.seqlen_q;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int t = 0; t < tasks; ++t) {
+    const int b = t / p.heads_kv, hk = t % p.heads_kv;
+    const SeqBounds sb = host_seq_bounds(p, b);
+    const int lq = sb.len_q, lk = sb.len_k;
+    double* K = static_cast<double*>(p.workspace) + per * omp_get_thread_num();  // [lk, D]
+    double* V = K + int64_t(Sk) * D;       // [lk, Dv]
+    double* dK = V + int64_t(Sk) * Dv;     // [lk, D]
+    double* dV = dK + int64_t(Sk) * D;     // [lk, Dv]
+    double* Q = dV + int64_t(Sk) * Dv;     // [lq, D]
+    double* dQ = Q + int64_t(Sq) * D;      // [lq, D]
+    double* O = dQ + int64_t(Sq) * D;      // [lq, Dv]
+    double* dO = O + int64_t(Sq) * Dv;     // [lq, Dv]
+    double* S = dO + int64_t(Sq) * Dv;     // [lq, Sk] logits
+    double* lse = S + int64_t(Sq) * Sk;    // [lq]
+    double* Drow = lse + Sq;               // [lq]
+    gather(p.k, p.dtype, b * p.k_batch_stride + sb.start_k * p.k_row_stride + hk * p.k_head_stride,
+           p.k_row_stride, lk, D, K);
+    gather(p.v, p.dtype, b * p.v_batch_stride + sb.start_k * p.v_row_stride + hk * p.v_head_stride,
+           p.v_row_stride, lk, Dv, V);
+    std::fill(dK, dK + int64_t(lk) * D, 0.0);
+    std::fill(dV, dV + int64_t(lk) * Dv, 0.0);
+    for (int h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+      gather(p.q, p.dtype, b * p.q_batch_stride + sb.start_q * p.q_row_stride + h * p.q_head_stride,
+             p.q_row_stride, lq, D, Q);
+      gather(p.out, p.dtype, b * p.o_batch_stride + sb.start_q * p.o_row_stride + h * p.o_head_stride,
+             p.o_row_stride, lq, Dv, O);
+      gather(p.dout, p.dtype,
+             b * p.do_batch_stride + sb.start_q * p.do_row_stride + h * p.do_head_stride,
+             p.do_row_stride, lq, Dv, dO);
+      scores_and_lse(p, lq, lk, Q, K, S, lse);
+      for (int i = 0; i < lq; ++i) Drow[i] = dot(dO + int64_t(i) * Dv, O + int64_t(i) * Dv, Dv);
+      std::fill(dQ, dQ + int64_t(lq) * D, 0.0);
+      for (int i = 0; i < lq; ++i) {
+        const int jb = p.mask.key_begin(i, lq, lk), je = p.mask.key_end(i, lq, lk);
+        for (int j = jb; j < je; ++j) {
+          const double logit = S[int64_t(i) * Sk + j];
+          const double pij = std::exp(logit - lse[i]);
+          const double dpij = dot(dO + int64_t(i) * Dv, V + int64_t(j) * Dv, Dv);
+          const double dsij = pij * (dpij - Drow[i]) * p.mask.dlogit(logit) * double(p.scale);
+          for (int d = 0; d < Dv; ++d) dV[int64_t(j) * Dv + d] += pij * dO[int64_t(i) * Dv + d];
+          for (int d = 0; d < D; ++d) {
+            dQ[int64_t(i) * D + d] += dsij * K[int64_t(j) * D + d];
+            dK[int64_t(j) * D + d] += dsij * Q[int64_t(i) * D + d];
+          }
+        }
+      }
+      scatter(p.dq, p.dtype,
+              b * p.dq_batch_stride + sb.start_q * p.dq_row_stride + h * p.dq_head_stride,
+              p.dq_row_stride, lq, D, dQ);
+    }
+    scatter(p.dk, p.dtype, b * p.dk_batch_stride + sb.start_k * p.dk_row_stride + hk * p.dk_head_stride,
+            p.dk_row_stride, lk, D, dK);
+    scatter(p.dv, p.dtype, b * p.dv_batch_stride + sb.start_k * p.dv_row_stride + hk * p.dv_head_stride,
+            p.dv_row_stride, lk, Dv, dV);
+  }
+  return {};
+}
+
+std::string ref_supports(const AttnParams& p, size_t workspace) {
+  if (p.device != Device::kCPU) return "runs on CPU tensors only";
+  if (workspace > p.quadratic_workspace_limit)
+    return "needs " + std::to_string(workspace >> 20) +
+           " MiB of O(seqlen_q·seqlen_k) workspace, above quadratic_workspace_limit (" +
+           std::to_string(p.quadratic_workspace_limit >> 20) + " MiB); raise it to run";
+  return "";
+}
+
+std::string ref_supports_fwd(const FwdParams& p) { return ref_supports(p, ref_fwd_workspace(p)); }
+std::string ref_supports_bwd(const BwdParams& p) { return ref_supports(p, ref_bwd_workspace(p)); }
+
+}  // namespace
+
+KernelEntry cpu_reference_entry() {
+  KernelEntry e;
+  e.info = {"cpu_reference", "cpu",
+            "fp64 textbook attention: materializes S = QKᵀ per head; every mask, GQA, varlen; "
+            "forward and backward",
+            true, true};
+  e.auto_priority = 1;
+  e.supports_fwd = ref_supports_fwd;
+  e.workspace_fwd = ref_fwd_workspace;
+  e.run_fwd = ref_fwd;
+  e.supports_bwd = ref_supports_bwd;
+  e.workspace_bwd = ref_bwd_workspace;
+  e.run_bwd = ref_bwd;
+  return e;
+}
+
+}  // namespace flashlab

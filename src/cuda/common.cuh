@@ -1,0 +1,87 @@
+// Device-side helpers every CUDA rung shares: element conversion, sequence bounds (the
+// device twin of host_seq_bounds in params.h) and the launch-side device guard.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/params.h"
+#include "cuda/check.cuh"
+
+namespace flashlab::cuda {
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Sequence bounds of batch entry b. Varlen offsets are clamped to the packed tensors and
+// lengths to max_seqlen, so a wrong cu_seqlens (which the host cannot check on the device
+// without a copy) can give wrong answers but never an out-of-bounds access.
+struct SeqInfo {
+  int64_t start_q = 0, start_k = 0;
+  int len_q = 0, len_k = 0;
+};
+
+__device__ __forceinline__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+__device__ __forceinline__ SeqInfo seq_info(const AttnParams& p, int b) {
+  SeqInfo s;
+  if (p.varlen) {
+    s.start_q = clamp64(p.cu_seqlens_q[b], 0, p.total_q);
+    s.start_k = clamp64(p.cu_seqlens_k[b], 0, p.total_k);
+    s.len_q = int(clamp64(clamp64(p.cu_seqlens_q[b + 1], 0, p.total_q) - s.start_q, 0, p.seqlen_q));
+    s.len_k = int(clamp64(clamp64(p.cu_seqlens_k[b + 1], 0, p.total_k) - s.start_k, 0, p.seqlen_k));
+  } else {
+    s.len_q = p.seqlen_q;
+    s.len_k = p.seqlen_k;
+  }
+  return s;
+}
+
+// Makes the tensors' device current for a launch and restores the caller's afterwards.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&prev_) == cudaSuccess && prev_ != device) {
+      if (cudaSetDevice(device) == cudaSuccess) switched_ = true;
+    }
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+  bool switched_ = false;
+};
+
+// Calls f.template operator()<T>() with T the CUDA element type of `dtype`.
+template <class F>
+Status dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF32: return f.template operator()<float>();
+    case DType::kF16: return f.template operator()<__half>();
+    case DType::kBF16: return f.template operator()<__nv_bfloat16>();
+    default: return {StatusCode::kUnsupported, std::string("dtype ") + to_string(dtype) + " has no CUDA kernel"};
+  }
+}
+
+}  // namespace flashlab::cuda

@@ -1,0 +1,14 @@
+// Registry entries of the CUDA backend, in ladder order.
+#pragma once
+
+#include "common/registry.h"
+
+namespace flashlab {
+
+KernelEntry naive_entry();         // src/cuda/ladder/01_naive.cu
+KernelEntry fa1_entry();           // src/cuda/ladder/02_fa1.cu
+KernelEntry fa2_simt_entry();      // src/cuda/ladder/03_fa2_simt.cu
+KernelEntry fa2_mma_entry();       // src/cuda/ladder/04_fa2_mma.cu
+KernelEntry fa2_simt_bwd_entry();  // src/cuda/ladder/05_fa2_simt_bwd.cu
+
+}  // namespace flashlab

@@ -1,0 +1,106 @@
+"""PyTorch integration: `flashlab::fwd` / `flashlab::bwd` custom ops with fake (meta)
+implementations, so torch.compile(fullgraph=True) traces through them, and autograd
+wired with torch.library.register_autograd. Imported lazily by flashlab on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import _flashlab
+
+
+def _stream(t: torch.Tensor) -> int:
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+def _opts(cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, softcap, kernel, stream):
+    o = _flashlab.Options()
+    o.cu_seqlens_q, o.cu_seqlens_k = cu_q, cu_k
+    o.max_seqlen_q, o.max_seqlen_k = int(max_q), int(max_k)
+    o.softmax_scale = scale
+    o.causal = causal
+    o.window_left, o.window_right = wl, wr
+    o.softcap = softcap
+    o.kernel = kernel
+    o.stream = stream
+    return o
+
+
+def _lse_shape(q: torch.Tensor, varlen: bool) -> Tuple[int, ...]:
+    return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+
+
+def _workspace(nbytes: int, like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, device=like.device)
+
+
+@torch.library.custom_op("flashlab::fwd", mutates_args=())
+def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+        cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+        softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+        softcap: float, deterministic: bool, kernel: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    # `deterministic` only matters to the backward; the op carries it for autograd.
+    out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    lse = torch.empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32, device=q.device)
+    o = _opts(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+              window_left, window_right, softcap, kernel, _stream(q))
+    o.workspace = _workspace(_flashlab.forward(q, k, v, out, lse, o, True), q)
+    _flashlab.forward(q, k, v, out, lse, o)
+    return out, lse
+
+
+@fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      window_left, window_right, softcap, deterministic, kernel):
+    out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    lse = q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.custom_op("flashlab::bwd", mutates_args=())
+def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+        lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+        cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+        softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+        softcap: float, deterministic: bool, kernel: str
+        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    o = _opts(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+              window_left, window_right, softcap, kernel, _stream(q))
+    args = (q, k, v, out, dout.contiguous(), lse, dq, dk, dv, deterministic, o)
+    o.workspace = _workspace(_flashlab.backward(*args, True), q)
+    _flashlab.backward(*args)
+    return dq, dk, dv
+
+
+@bwd.register_fake
+def _(dout, q, k, v, out, lse, *rest):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, softcap, det, kernel) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.args = (max_q, max_k, scale, causal, wl, wr, softcap, det, kernel)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    max_q, max_k, scale, causal, wl, wr, softcap, det, kernel = ctx.args
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr,
+                     softcap, det, kernel)
+    return (dq, dk, dv) + (None,) * 11
+
+
+torch.library.register_autograd("flashlab::fwd", _backward, setup_context=_setup_context)
+
+
+def attention(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, softcap, deterministic,
+              kernel):
+    """Forward through the custom op; autograd reaches flashlab::bwd."""
+    return fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window[0], window[1], softcap,
+               deterministic, kernel)

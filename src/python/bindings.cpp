@@ -1,0 +1,204 @@
+// The one binding file: DLPack arrays in (zero copy), flashlab::Status out as a Python
+// exception. No PyTorch at build time: anything with __dlpack__ (PyTorch, NumPy, CuPy, JAX)
+// crosses as a view. Workspace is allocated by the Python layer (with the caller's
+// framework, on the tensors' device) from the *_workspace_size functions.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "flashlab/flashlab.h"
+
+namespace nb = nanobind;
+using flashlab::BackwardArgs;
+using flashlab::CommonArgs;
+using flashlab::ForwardArgs;
+using flashlab::Status;
+using flashlab::StatusCode;
+using flashlab::Tensor;
+using Array = nb::ndarray<nb::ro>;
+
+namespace {
+
+void raise_if_error(const Status& s) {
+  if (s.ok()) return;
+  if (s.code() == StatusCode::kCudaError) throw std::runtime_error(s.message());
+  throw nb::value_error(s.message().c_str());
+}
+
+flashlab::DType dtype_of(const Array& a, const std::string& name) {
+  const nb::dlpack::dtype t = a.dtype();
+  using C = nb::dlpack::dtype_code;
+  if (t.lanes == 1) {
+    if (t.code == uint8_t(C::Float) && t.bits == 32) return flashlab::DType::kF32;
+    if (t.code == uint8_t(C::Float) && t.bits == 16) return flashlab::DType::kF16;
+    if (t.code == uint8_t(C::Float) && t.bits == 64) return flashlab::DType::kF64;
+    if (t.code == uint8_t(C::Bfloat) && t.bits == 16) return flashlab::DType::kBF16;
+    if (t.code == uint8_t(C::Int) && t.bits == 32) return flashlab::DType::kI32;
+  }
+  throw nb::type_error((name + ": unsupported dtype (code " + std::to_string(t.code) + ", " +
+                        std::to_string(t.bits) + " bits); use float16, bfloat16, float32, "
+                        "float64 or int32")
+                           .c_str());
+}
+
+// A DLPack array as a flashlab view; `None` becomes an absent tensor.
+Tensor view(nb::handle obj, const std::string& name) {
+  if (obj.is_none()) return {};
+  Array a;
+  if (!nb::try_cast(obj, a))
+    throw nb::type_error((name + " must be an array supporting DLPack (torch, numpy, ...)").c_str());
+  if (a.ndim() > size_t(flashlab::kMaxRank) || a.ndim() == 0)
+    throw nb::value_error((name + " must have rank 1 to 4, got " + std::to_string(a.ndim())).c_str());
+  Tensor t;
+  t.data = const_cast<void*>(a.data());
+  t.dtype = dtype_of(a, name);
+  if (a.device_type() == nb::device::cpu::value) {
+    t.device = flashlab::Device::kCPU;
+  } else if (a.device_type() == nb::device::cuda::value) {
+    t.device = flashlab::Device::kCUDA;
+  } else {
+    throw nb::value_error((name + " must be on the CPU or a CUDA device").c_str());
+  }
+  t.device_index = int(a.device_id());
+  t.rank = int(a.ndim());
+  for (int i = 0; i < t.rank; ++i) {
+    t.shape[i] = int64_t(a.shape(size_t(i)));
+    t.stride[i] = int64_t(a.stride(size_t(i)));
+  }
+  return t;
+}
+
+// The options shared by forward and backward, in the order the Python layer passes them.
+struct Options {
+  nb::object cu_seqlens_q = nb::none(), cu_seqlens_k = nb::none();
+  int max_seqlen_q = 0, max_seqlen_k = 0;
+  std::optional<float> softmax_scale;
+  bool causal = false;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  std::string kernel = "auto";
+  uintptr_t stream = 0;
+  nb::object workspace = nb::none();
+  int num_threads = 0;
+};
+
+void fill_common(const Options& o, CommonArgs* a) {
+  a->maybe_cu_seqlens_q = view(o.cu_seqlens_q, "cu_seqlens_q");
+  a->maybe_cu_seqlens_k = view(o.cu_seqlens_k, "cu_seqlens_k");
+  a->max_seqlen_q = o.max_seqlen_q;
+  a->max_seqlen_k = o.max_seqlen_k;
+  a->softmax_scale = o.softmax_scale;
+  a->causal = o.causal;
+  a->window_left = o.window_left;
+  a->window_right = o.window_right;
+  a->softcap = o.softcap;
+  a->kernel = o.kernel;
+  a->stream = reinterpret_cast<void*>(o.stream);
+  a->num_threads = o.num_threads;
+  if (!o.workspace.is_none()) {  // raw bytes of any dtype (the Python layer passes uint8)
+    Array ws;
+    if (!nb::try_cast(o.workspace, ws)) throw nb::type_error("workspace must be a DLPack array");
+    a->workspace = const_cast<void*>(ws.data());
+    a->workspace_bytes = ws.nbytes();
+  }
+}
+
+// `size_only`: return the workspace bytes instead of running.
+size_t forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
+               const Options& o, bool size_only) {
+  ForwardArgs a;
+  fill_common(o, &a);
+  a.q = view(q, "q");
+  a.k = view(k, "k");
+  a.v = view(v, "v");
+  a.out = view(out, "out");
+  a.maybe_lse = view(lse, "lse");
+  size_t bytes = 0;
+  if (size_only) {
+    raise_if_error(flashlab::workspace_size(a, &bytes));
+    return bytes;
+  }
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = flashlab::forward(a);
+  }
+  raise_if_error(s);
+  return 0;
+}
+
+size_t backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout,
+                nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, bool deterministic,
+                const Options& o, bool size_only) {
+  BackwardArgs a;
+  fill_common(o, &a);
+  a.q = view(q, "q");
+  a.k = view(k, "k");
+  a.v = view(v, "v");
+  a.out = view(out, "out");
+  a.dout = view(dout, "dout");
+  a.lse = view(lse, "lse");
+  a.dq = view(dq, "dq");
+  a.dk = view(dk, "dk");
+  a.dv = view(dv, "dv");
+  a.deterministic = deterministic;
+  size_t bytes = 0;
+  if (size_only) {
+    raise_if_error(flashlab::workspace_size(a, &bytes));
+    return bytes;
+  }
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = flashlab::backward(a);
+  }
+  raise_if_error(s);
+  return 0;
+}
+
+}  // namespace
+
+NB_MODULE(_flashlab, m) {
+  m.doc() = "FlashLab native module (use the flashlab package, not this module)";
+
+  nb::class_<Options>(m, "Options")
+      .def(nb::init<>())
+      .def_rw("cu_seqlens_q", &Options::cu_seqlens_q, nb::for_setter(nb::arg("value").none()))
+      .def_rw("cu_seqlens_k", &Options::cu_seqlens_k, nb::for_setter(nb::arg("value").none()))
+      .def_rw("max_seqlen_q", &Options::max_seqlen_q)
+      .def_rw("max_seqlen_k", &Options::max_seqlen_k)
+      .def_rw("softmax_scale", &Options::softmax_scale, nb::for_setter(nb::arg("value").none()))
+      .def_rw("causal", &Options::causal)
+      .def_rw("window_left", &Options::window_left)
+      .def_rw("window_right", &Options::window_right)
+      .def_rw("softcap", &Options::softcap)
+      .def_rw("kernel", &Options::kernel)
+      .def_rw("stream", &Options::stream)
+      .def_rw("workspace", &Options::workspace, nb::for_setter(nb::arg("value").none()))
+      .def_rw("num_threads", &Options::num_threads);
+
+  m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("options"), nb::arg("size_only") = false);
+  m.def("backward", &backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
+        nb::arg("deterministic"), nb::arg("options"), nb::arg("size_only") = false);
+  m.def("kernels", [] {
+    nb::list out;
+    for (const flashlab::KernelInfo& k : flashlab::kernels()) {
+      nb::dict d;
+      d["name"] = std::string(k.name);
+      d["arch"] = std::string(k.arch);
+      d["summary"] = std::string(k.summary);
+      d["forward"] = k.has_forward;
+      d["backward"] = k.has_backward;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("cuda_available", &flashlab::cuda_available);
+}

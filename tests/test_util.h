@@ -1,0 +1,218 @@
+// What every FlashLab test shares: host tensors that own their storage, fresh random
+// inputs with a reproducible seed, poisoned outputs, error measures, the fp64 oracle
+// (cpu_reference on fp64 copies) and the tolerance yardstick of DESIGN.md's correctness
+// rule (a straightforward attention in the input dtype, rounded where PyTorch's math path
+// rounds).
+//
+// Layout vocabulary follows the API: padded problems are [batch, seqlen, heads, dim],
+// varlen problems pack [total_tokens, heads, dim] with cu_seqlens; LSE is fp32
+// [batch, heads_q, seqlen_q] or [heads_q, total_q].
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/mask.h"
+#include "flashlab/flashlab.h"
+
+namespace flashlab::test {
+
+// ---------------------------------------------------------------------------------------
+// Seeds: a fresh one per process (std::random_device) unless FLASHLAB_TEST_SEED is set.
+// Each case derives its own generator from the seed and its name, so one failing case
+// reproduces alone: FLASHLAB_TEST_SEED=<seed> ./flashlab_tests --gtest_filter=...
+// ---------------------------------------------------------------------------------------
+uint64_t test_seed();
+std::mt19937_64 rng_for(std::string_view what);
+// "FLASHLAB_TEST_SEED=<seed>": what SCOPED_TRACE prints so a failure can be rerun.
+std::string seed_note();
+#define FLASHLAB_SEED_TRACE() SCOPED_TRACE(::flashlab::test::seed_note())
+
+// ---------------------------------------------------------------------------------------
+// HostTensor: owning storage plus a flashlab::Tensor view of it.
+// ---------------------------------------------------------------------------------------
+class HostTensor {
+ public:
+  HostTensor() = default;
+  // Row-major over `shape`, each dimension allocated `pad[i]` elements longer than it is
+  // seen (pad of the last dimension = a wider head stride), so strides can be
+  // non-contiguous while the last dimension stays contiguous. Storage is never empty, so
+  // even a zero-element view has poison around it that a stray write would destroy.
+  HostTensor(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> pad = {});
+
+  DType dtype() const { return dtype_; }
+  int rank() const { return int(shape_.size()); }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  const std::vector<int64_t>& stride() const { return stride_; }
+  int64_t numel() const;
+  bool contiguous() const;
+
+  // The view's first element; storage has kCanaryBytes of poison before and after it.
+  void* data() { return storage_.data() + kCanaryBytes; }
+  const void* data() const { return storage_.data() + kCanaryBytes; }
+  size_t storage_bytes() const { return storage_.size(); }
+  static constexpr size_t kCanaryBytes = 64;
+  std::vector<std::byte>& storage() { return storage_; }
+  const std::vector<std::byte>& storage() const { return storage_; }
+
+  // The view the API takes (on the CPU). An absent tensor (default) gives rank 0.
+  Tensor view() const;
+
+  // Storage offset (in elements) of logical element `i` (row-major index into shape).
+  int64_t offset(int64_t i) const;
+  double get(int64_t i) const;       // logical element i, as double
+  void set(int64_t i, double x);     // rounded to dtype
+  std::vector<double> to_f64() const;           // logical elements, row-major
+  void assign(const std::vector<double>& xs);   // logical elements, rounded to dtype
+
+  // Normal(0, 1) values rounded to dtype, redrawn until nonzero.
+  void fill_random(std::mt19937_64& rng);
+  // Every byte of storage (padding included) becomes NaN of this dtype.
+  void poison();
+  // The kernel wrote every logical element (none is NaN) and nothing else (the padding
+  // is still poison). Outputs are poisoned before a run, so this proves both.
+  ::testing::AssertionResult written_exactly(std::string_view name) const;
+  // The padding is still poison (for outputs that legitimately hold NaN: never here).
+  ::testing::AssertionResult padding_untouched(std::string_view name) const;
+
+  // A contiguous copy in another dtype (fp64 copies for the oracle).
+  HostTensor converted(DType dtype) const;
+
+ private:
+  // For each storage element: does the view see it?
+  std::vector<bool> seen_by_view() const;
+  size_t elem_bytes() const;
+
+  DType dtype_ = DType::kF32;
+  std::vector<int64_t> shape_, stride_, extent_;
+  std::vector<std::byte> storage_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------
+struct MaxError {
+  double value = 0;      // max |got - want| (+inf where a NaN or a mismatched inf occurs)
+  int64_t index = -1;    // where it occurs (logical element), -1 when empty
+  double got = 0, want = 0;
+};
+// Equal infinities (the -inf LSE of a fully masked row) count as exact.
+MaxError max_abs_err(const std::vector<double>& got, const std::vector<double>& want);
+std::string describe(const MaxError& e);
+
+// DESIGN.md's correctness rule: the kernel's max abs error against the fp64 oracle must
+// be at most 2x that of the low-precision path, plus 1e-5.
+inline constexpr double kErrFactor = 2.0;
+inline constexpr double kErrSlack = 1e-5;
+::testing::AssertionResult within_rule(std::string_view name, const MaxError& kernel,
+                                       const MaxError& lowp);
+// A sanity cap on the yardstick itself: if the low-precision path strays this far from
+// the oracle, the two disagree on what is computed (a mask convention, say), and the
+// rule would pass anything.
+double yardstick_cap(DType dtype);
+
+// Status checks with the message in the failure text.
+::testing::AssertionResult status_is(const Status& s, StatusCode code,
+                                     std::initializer_list<std::string_view> substrings = {});
+#define EXPECT_OK(expr) EXPECT_TRUE(::flashlab::test::status_is((expr), ::flashlab::StatusCode::kOk))
+#define ASSERT_OK(expr) ASSERT_TRUE(::flashlab::test::status_is((expr), ::flashlab::StatusCode::kOk))
+
+// ---------------------------------------------------------------------------------------
+// Problems: one attention call described by sizes and options, and its random inputs.
+// ---------------------------------------------------------------------------------------
+struct Problem {
+  DType dtype = DType::kF32;
+  int batch = 1;
+  int seqlen_q = 1, seqlen_k = 1;  // padded problems; varlen: derived maxima
+  int heads_q = 1, heads_kv = 1;
+  int head_dim = 32, head_dim_v = 32;
+  std::vector<int> lens_q, lens_k;  // varlen when non-empty (batch = lens_q.size())
+
+  bool causal = false;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  std::optional<float> scale;
+  std::vector<int64_t> pad;  // extra allocated elements per dim of q/k/v/out/grads
+  bool with_lse = true;      // forward: pass maybe_lse
+  int num_threads = 0;
+
+  bool varlen() const { return !lens_q.empty(); }
+  int64_t total_q() const;
+  int64_t total_k() const;
+  int max_len_q() const;  // seqlen_q, or the longest varlen sequence
+  int max_len_k() const;
+  std::string describe() const;
+
+  // Builders, so tables of cases read as one line each.
+  Problem& with_dtype(DType d) { dtype = d; return *this; }
+  Problem& make_causal() { causal = true; return *this; }
+  Problem& window(int l, int r) { window_left = l; window_right = r; return *this; }
+  Problem& cap(float c) { softcap = c; return *this; }
+  Problem& dim_v(int d) { head_dim_v = d; return *this; }
+  Problem& padded(std::vector<int64_t> p) { pad = std::move(p); return *this; }
+  Problem& threads(int n) { num_threads = n; return *this; }
+  Problem& no_lse() { with_lse = false; return *this; }
+  Problem& scaled(float s) { scale = s; return *this; }
+};
+
+// A padded problem [batch, seqlen, heads, dim].
+Problem dense(DType dtype, int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_kv,
+              int head_dim);
+// A varlen problem with per-sequence lengths (zero allowed).
+Problem varlen(DType dtype, std::vector<int> lens_q, std::vector<int> lens_k, int heads_q,
+               int heads_kv, int head_dim);
+
+// The mask the API builds from a problem: causal folded into window_right, and a window
+// wider than the keys made unbounded (FlashAttention's normalization, src/api.cpp).
+MaskPolicy mask_of(const Problem& p);
+float scale_of(const Problem& p);
+
+struct Inputs {
+  HostTensor q, k, v, dout;
+  HostTensor cu_q, cu_k;  // int32 [batch + 1] (varlen only)
+};
+Inputs make_inputs(const Problem& p, std::mt19937_64& rng);
+
+// Output tensors shaped for the problem, poisoned, in the problem's dtype and padding.
+HostTensor make_out(const Problem& p);
+HostTensor make_lse(const Problem& p);  // fp32, contiguous
+HostTensor make_like_q(const Problem& p);
+HostTensor make_like_kv(const Problem& p, int dim);
+
+// The argument structs over tensors that live wherever `view` put them.
+ForwardArgs forward_args(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& out, const Tensor& lse, const Tensor& cu_q,
+                         const Tensor& cu_k);
+BackwardArgs backward_args(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& out, const Tensor& dout, const Tensor& lse,
+                           const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                           const Tensor& cu_q, const Tensor& cu_k);
+
+// Results in logical (row-major, contiguous) order.
+struct Results {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+// The oracle: cpu_reference through the public API on fp64 copies of the inputs, so out
+// and the gradients are fp64 (LSE is fp32 by the API's contract). Fails the current test
+// (and returns empty results) if the reference refuses.
+Results run_reference_fp64(const Problem& p, const Inputs& in, bool backward);
+
+// The yardstick: attention in the input dtype with PyTorch's math-path rounding points.
+//   forward:  S = round(Q Kᵀ) (fp32 accumulate), S = round(S·scale), softcap as
+//             round(cap·round(tanh(round(S/cap)))), softmax in fp32, P = round(P),
+//             O = round(P V) (fp32 accumulate); LSE in fp32 from the rounded logits.
+//   backward: dV_h = round(Pᵀ dO), dP = round(dO Vᵀ), dS = round(P∘(dP − rowsum(dP∘P))),
+//             dS = round(dS·dlogit), dS = round(dS·scale), dQ = round(dS K),
+//             dK_h = round(dSᵀ Q); GQA sums the per-head dK_h, dV_h in fp32 and rounds.
+// round() is to the input dtype (identity for fp32, where the arithmetic is fp32).
+Results run_lowp(const Problem& p, const Inputs& in, bool backward);
+
+}  // namespace flashlab::test

@@ -53,15 +53,15 @@ __global__ void scores_kernel(const FwdParams p, float* S) {
   row[j] = p.mask.logit(acc * p.scale);
 }
 
-// Block-wide reduction of one float with op (max or sum).
+// Block-wide reduction of one float with op (max or sum); `identity` pads the last stage.
 template <class Op>
-__device__ float block_reduce(float x, Op op, float* smem) {
+__device__ float block_reduce(float x, Op op, float identity, float* smem) {
   for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) smem[warp] = x;
   __syncthreads();
   if (warp == 0) {
-    x = lane < kSoftmaxThreads / 32 ? smem[lane] : smem[0];
+    x = lane < kSoftmaxThreads / 32 ? smem[lane] : identity;
     for (int o = 16; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
     if (lane == 0) smem[0] = x;
   }
@@ -80,12 +80,12 @@ __global__ void softmax_kernel(const FwdParams p, float* S) {
 
   float m = -INFINITY;
   for (int j = threadIdx.x; j < s.len_k; j += kSoftmaxThreads) m = fmaxf(m, row[j]);
-  m = block_reduce(m, [](float a, float c) { return fmaxf(a, c); }, smem);
+  m = block_reduce(m, [](float a, float c) { return fmaxf(a, c); }, -INFINITY, smem);
   // A row that sees no key: P = 0, LSE = -inf (exp(-inf - -inf) would be NaN).
   const float m_safe = m == -INFINITY ? 0.f : m;
   float l = 0.f;
   for (int j = threadIdx.x; j < s.len_k; j += kSoftmaxThreads) l += expf(row[j] - m_safe);
-  l = block_reduce(l, [](float a, float c) { return a + c; }, smem);
+  l = block_reduce(l, [](float a, float c) { return a + c; }, 0.f, smem);
   const float inv_l = l > 0.f ? 1.f / l : 0.f;
   for (int j = threadIdx.x; j < s.len_k; j += kSoftmaxThreads) row[j] = expf(row[j] - m_safe) * inv_l;
   if (threadIdx.x == 0 && p.lse)

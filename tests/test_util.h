@@ -43,8 +43,10 @@ class HostTensor {
   HostTensor() = default;
   // Row-major over `shape`, each dimension allocated `pad[i]` elements longer than it is
   // seen (pad of the last dimension = a wider head stride), so strides can be
-  // non-contiguous while the last dimension stays contiguous. Storage is never empty, so
-  // even a zero-element view has poison around it that a stray write would destroy.
+  // non-contiguous while the last dimension stays contiguous. `pad` aligns to the
+  // trailing dimensions ({pad_heads, pad_dim} works for any rank). Storage has canaries
+  // before and after the view, so even a zero-element view has poison around it that a
+  // stray write would destroy.
   HostTensor(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> pad = {});
 
   DType dtype() const { return dtype_; }
@@ -79,8 +81,10 @@ class HostTensor {
   // The kernel wrote every logical element (none is NaN) and nothing else (the padding
   // is still poison). Outputs are poisoned before a run, so this proves both.
   ::testing::AssertionResult written_exactly(std::string_view name) const;
-  // The padding is still poison (for outputs that legitimately hold NaN: never here).
+  // The padding is still poison.
   ::testing::AssertionResult padding_untouched(std::string_view name) const;
+  // Every element, seen or not, is still poison: nothing was written at all.
+  ::testing::AssertionResult untouched(std::string_view name) const;
 
   // A contiguous copy in another dtype (fp64 copies for the oracle).
   HostTensor converted(DType dtype) const;
@@ -113,10 +117,10 @@ inline constexpr double kErrFactor = 2.0;
 inline constexpr double kErrSlack = 1e-5;
 ::testing::AssertionResult within_rule(std::string_view name, const MaxError& kernel,
                                        const MaxError& lowp);
-// A sanity cap on the yardstick itself: if the low-precision path strays this far from
-// the oracle, the two disagree on what is computed (a mask convention, say), and the
-// rule would pass anything.
-double yardstick_cap(DType dtype);
+// A sanity cap on the yardstick itself, relative to the size of the values: if the
+// low-precision path strays this far from the oracle, the two disagree on what is
+// computed (a mask convention, say), and the rule would pass anything.
+double yardstick_cap(DType dtype, const std::vector<double>& oracle);
 
 // Status checks with the message in the failure text.
 ::testing::AssertionResult status_is(const Status& s, StatusCode code,
@@ -203,16 +207,30 @@ struct Results {
 // The oracle: cpu_reference through the public API on fp64 copies of the inputs, so out
 // and the gradients are fp64 (LSE is fp32 by the API's contract). Fails the current test
 // (and returns empty results) if the reference refuses.
-Results run_reference_fp64(const Problem& p, const Inputs& in, bool backward);
+Results run_reference_fp64(const Problem& p, const Inputs& in, bool with_backward);
 
-// The yardstick: attention in the input dtype with PyTorch's math-path rounding points.
-//   forward:  S = round(Q Kᵀ) (fp32 accumulate), S = round(S·scale), softcap as
-//             round(cap·round(tanh(round(S/cap)))), softmax in fp32, P = round(P),
-//             O = round(P V) (fp32 accumulate); LSE in fp32 from the rounded logits.
-//   backward: dV_h = round(Pᵀ dO), dP = round(dO Vᵀ), dS = round(P∘(dP − rowsum(dP∘P))),
-//             dS = round(dS·dlogit), dS = round(dS·scale), dQ = round(dS K),
-//             dK_h = round(dSᵀ Q); GQA sums the per-head dK_h, dV_h in fp32 and rounds.
+// The yardstick: attention in the input dtype, rounded where PyTorch's math path
+// (_scaled_dot_product_attention_math, reduced-precision reductions allowed) rounds. That
+// path splits the scale as sqrt(scale) on both operands before the matmul:
+//   forward:  Qs = round(Q·√scale), Ks = round(K·√scale), S = round(Qs Ksᵀ) (fp32
+//             accumulate); softcap as FlashAttention's reference writes it,
+//             U = round(tanh(round(S/cap))), S = round(U·cap); softmax in fp32,
+//             P = round(P); O = round(P V) (fp32 accumulate); LSE in fp32 from the
+//             rounded logits (a fully masked row: O = 0, LSE = -inf).
+//   backward: autograd of the above, each intermediate tensor rounded:
+//             dV_h = round(Pᵀ dO), dP = round(dO Vᵀ), dS = round(P∘(dP − rowsum(dP∘P))),
+//             softcap: dS = round(round(round(dS·cap)·(1 − U²))/cap),
+//             dQ = round(round(dS Ks)·√scale), dK_h = round(round(dSᵀ Qs)·√scale);
+//             GQA sums the per-head dK_h, dV_h in fp32 and rounds (repeat_interleave).
 // round() is to the input dtype (identity for fp32, where the arithmetic is fp32).
-Results run_lowp(const Problem& p, const Inputs& in, bool backward);
+Results run_lowp(const Problem& p, const Inputs& in, bool with_backward);
+
+// What a FlashAttention-2 kernel rounds, emulated on the host: logits, softmax and LSE in
+// fp32; O = round((Σ round(exp(S − m)) V) / l); backward with P = exp(S − LSE) in fp32,
+// dV = round(Σ round(P)ᵀ dO), D = rowsum(dO ∘ O) with the forward's rounded O,
+// dS = round(P∘(dP − D)∘dlogit) (dP in fp32), dQ = round(scale·dS K), dK = round(scale·dSᵀ Q)
+// (GQA summed in fp32). Not a yardstick: the harness uses it to show the rule is within
+// reach of a real kernel's rounding on every case of a table, whatever the seed.
+Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward);
 
 }  // namespace flashlab::test

@@ -1,0 +1,127 @@
+// Every GPU kernel of the registry (arch other than "cpu") against the fp64 oracle on the
+// host, forward and (when it has one) backward, on device buffers: fp16 and bf16, fp32
+// where the kernel takes it, head dims 64 and 128 and others, the nasty shapes of the CPU
+// suite (cases whose rows see few keys get many heads, see tests/cpu/kernels_test.cpp).
+// Outputs are poisoned on the device first and all checked written; every CUDA return
+// code is checked. Kernels join by being registered.
+//
+// Without a device (or without CUDA in the build) the fixture skips with the reason; a
+// CPU-only build has no GPU kernel, so the parametrized suite has no instance at all and
+// GpuTest.DeviceVisible carries the reason into the output.
+#include <gtest/gtest.h>
+
+#include <iostream>
+
+#include "gpu/gpu_fixture.h"
+#include "kernel_check.h"
+
+namespace flashlab::test {
+namespace {
+
+constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
+
+[[maybe_unused]] std::vector<Case> gpu_cases() {
+  std::vector<Case> cs;
+  auto add = [&](std::string name, const Problem& p) { cs.push_back({std::move(name), p}); };
+
+  for (DType dt : {kF16, kBF16, kF32}) {
+    const std::string t = std::string(to_string(dt)) + "_";
+    // Strides stay multiples of 16 bytes in every dtype (the API's CUDA rule).
+    const int64_t pad16 = int64_t(16 / dtype_size(dt));
+    for (int d : {64, 128}) {
+      const std::string hd = "hdim" + std::to_string(d) + "_";
+      add(t + hd + "basic", dense(dt, 2, 256, 256, 4, 4, d));
+      add(t + hd + "causal", dense(dt, 2, 200, 200, 4, 2, d).make_causal());
+      add(t + hd + "seqlen1", dense(dt, 3, 1, 1, 2, 1, d));
+      add(t + hd + "seqlen3", dense(dt, 4, 3, 3, 8, 4, d).make_causal());
+      add(t + hd + "seqlen127", dense(dt, 1, 127, 127, 4, 1, d));
+      add(t + hd + "seqlen1000_causal", dense(dt, 1, 1000, 1000, 2, 1, d).make_causal());
+      add(t + hd + "sq_lt_sk", dense(dt, 2, 65, 300, 2, 2, d));
+      add(t + hd + "sq_gt_sk_causal_masked_rows", dense(dt, 2, 300, 65, 8, 2, d).make_causal());
+      add(t + hd + "gqa8to1", dense(dt, 1, 129, 129, 16, 2, d));
+      add(t + hd + "mqa_causal", dense(dt, 2, 77, 77, 8, 1, d).make_causal());
+      add(t + hd + "window_0_0", dense(dt, 1, 150, 150, 2, 2, d).window(0, 0));
+      add(t + hd + "window_3_unbounded", dense(dt, 1, 150, 150, 2, 2, d).window(3, -1));
+      add(t + hd + "window_unbounded_5", dense(dt, 1, 150, 150, 2, 2, d).window(-1, 5));
+      add(t + hd + "window_32_8_sq_lt_sk", dense(dt, 1, 100, 220, 2, 1, d).window(32, 8));
+      add(t + hd + "softcap_causal", dense(dt, 1, 160, 160, 4, 2, d).cap(5.f).make_causal());
+      add(t + hd + "varlen_zero_lengths",
+          varlen(dt, {5, 0, 130, 1, 0, 64}, {7, 3, 0, 200, 0, 64}, 4, 2, d).make_causal());
+      add(t + hd + "varlen_window_softcap",
+          varlen(dt, {33, 1, 190}, {80, 9, 190}, 2, 1, d).window(17, 4).cap(20.f));
+      add(t + hd + "padded_strides", dense(dt, 2, 90, 110, 4, 2, d).padded({1, 3, 1, pad16}));
+    }
+    add(t + "hdim32", dense(dt, 2, 128, 128, 2, 2, 32));
+    add(t + "hdim96_causal", dense(dt, 1, 128, 190, 2, 2, 96).make_causal());
+    add(t + "hdim256", dense(dt, 1, 64, 64, 2, 1, 256));
+    add(t + "batch0", dense(dt, 0, 64, 64, 2, 2, 64));
+    add(t + "seqlen_k0", dense(dt, 2, 33, 0, 2, 2, 64));
+    add(t + "seqlen_q0", dense(dt, 2, 0, 33, 2, 2, 64));
+    add(t + "varlen_all_empty", varlen(dt, {0, 0, 0}, {0, 0, 0}, 2, 2, 64));
+    add(t + "no_lse", dense(dt, 2, 100, 100, 2, 2, 64).no_lse());
+    add(t + "scale_1_peaked", dense(dt, 1, 128, 128, 2, 2, 64).scaled(1.f));
+  }
+  add("fp16_seqlen2048_causal", dense(kF16, 1, 2048, 2048, 2, 1, 128).make_causal());
+  add("bf16_batch8_varlen_padded",
+      varlen(kBF16, {100, 1, 256, 0, 17, 64, 3, 200}, {100, 300, 256, 5, 0, 64, 3, 120}, 4, 2, 128)
+          .padded({0, 8}));
+  return cs;
+}
+
+class GpuKernelTest : public GpuParamTest<std::string> {};
+
+TEST_P(GpuKernelTest, Forward) {
+#if FLASHLAB_WITH_CUDA
+  run_suite(GetParam(), false, gpu_cases(), make_device_placement);
+#endif
+}
+
+TEST_P(GpuKernelTest, Backward) {
+#if FLASHLAB_WITH_CUDA
+  run_suite(GetParam(), true, gpu_cases(), make_device_placement);
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, GpuKernelTest, ::testing::ValuesIn(gpu_kernels_under_test()),
+                         kernel_param_name);
+// CPU-only builds register no GPU kernel: the suite then has no instance.
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(GpuKernelTest);
+
+// Always present, so a run without a GPU says why its GPU tests did not run.
+TEST_F(GpuTest, DeviceVisible) {
+#if FLASHLAB_WITH_CUDA
+  int device = -1;
+  ASSERT_TRUE(cuda_ok(cudaGetDevice(&device), "cudaGetDevice"));
+  cudaDeviceProp prop{};
+  ASSERT_TRUE(cuda_ok(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties"));
+  std::cout << "device " << device << ": " << prop.name << ", sm_" << prop.major << prop.minor
+            << ", " << (prop.totalGlobalMem >> 20) << " MiB" << std::endl;
+  EXPECT_GE(prop.major, 8) << prop.name << " is sm_" << prop.major << prop.minor
+                           << "; FlashLab's GPU kernels need sm_80 or newer";
+  EXPECT_TRUE(cuda_available());
+  EXPECT_FALSE(gpu_kernels_under_test().empty()) << "a CUDA build registers its GPU kernels";
+#endif
+}
+
+// The harness's own device path: a placed tensor comes back bit for bit, poison included.
+TEST_F(GpuTest, PlacementRoundTrip) {
+#if FLASHLAB_WITH_CUDA
+  FLASHLAB_SEED_TRACE();
+  std::mt19937_64 rng = rng_for("GpuTest.PlacementRoundTrip");
+  HostTensor t(DType::kBF16, {3, 5, 2, 40}, {0, 1, 0, 8});
+  t.poison();
+  t.fill_random(rng);
+  const std::vector<std::byte> before = t.storage();
+  DevicePlacement where;
+  const Tensor v = where.place(t);
+  ASSERT_TRUE(where.ok());
+  EXPECT_EQ(v.device, Device::kCUDA);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data) % 16, 0u);
+  t.poison();
+  ASSERT_TRUE(where.fetch(t));
+  EXPECT_TRUE(t.storage() == before);
+#endif
+}
+
+}  // namespace
+}  // namespace flashlab::test

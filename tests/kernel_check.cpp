@@ -1,0 +1,252 @@
+#include "kernel_check.h"
+
+#include <cctype>
+#include <cstring>
+#include <iostream>
+
+namespace flashlab::test {
+
+void* HostPlacement::scratch(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  scratch_.push_back(std::make_unique<std::byte[]>(bytes));
+  std::memset(scratch_.back().get(), 0xff, bytes);  // NaN as float, -1 as int
+  return scratch_.back().get();
+}
+
+std::unique_ptr<Placement> make_host_placement() { return std::make_unique<HostPlacement>(); }
+
+void Tally::finish(std::string_view kernel, std::string_view pass, size_t cases) const {
+  std::string reasons;
+  for (const std::string& r : unsupported) reasons += "\n    " + r;
+  std::cout << "[ " << kernel << " " << pass << " ] ran " << ran << " cases, "
+            << unsupported.size() << " unsupported" << (unsupported.empty() ? "" : ":")
+            << reasons << std::endl;
+  ::testing::Test::RecordProperty("cases_ran", ran);
+  ::testing::Test::RecordProperty("cases_unsupported", int(unsupported.size()));
+  if (ran == 0)
+    ADD_FAILURE() << "kernel '" << kernel << "' ran none of the " << cases << " " << pass
+                  << " cases (" << unsupported.size() << " unsupported):" << reasons;
+}
+
+namespace {
+
+// Checks one output quantity against the oracle under the rule, after checking that the
+// yardstick itself agrees with the oracle.
+void expect_rule(std::string_view name, DType dtype, const std::vector<double>& kernel,
+                 const std::vector<double>& lowp, const std::vector<double>& oracle) {
+  const MaxError ek = max_abs_err(kernel, oracle);
+  const MaxError el = max_abs_err(lowp, oracle);
+  EXPECT_LE(el.value, yardstick_cap(dtype, oracle))
+      << name << ": the low-precision yardstick strays from the oracle by " << describe(el)
+      << "; they disagree on what attention computes here, so the rule would prove nothing";
+  EXPECT_TRUE(within_rule(name, ek, el));
+}
+
+// The inputs' bytes before the run, to prove the kernel did not write them.
+struct Snapshot {
+  const HostTensor* t;
+  std::string name;
+  std::vector<std::byte> bytes;
+};
+
+void expect_unchanged(const std::vector<Snapshot>& snaps) {
+  for (const Snapshot& s : snaps)
+    EXPECT_TRUE(s.t->storage() == s.bytes) << "the kernel wrote its input '" << s.name << "'";
+}
+
+bool fetch_all(Placement& where, std::initializer_list<HostTensor*> ts) {
+  bool ok = true;
+  for (HostTensor* t : ts)
+    if (t->rank() > 0) ok = where.fetch(*t) && ok;
+  return ok && where.ok();
+}
+
+// select_kernel for the named kernel: true to go on, false (tallied or failed) to stop.
+template <class Args>
+bool selectable(std::string_view kernel, const Case& c, const Args& a, Tally* tally) {
+  std::string name;
+  const Status s = select_kernel(a, &name);
+  if (s.code() == StatusCode::kUnsupported) {
+    tally->unsupported.push_back(c.name + ": " + s.message());
+    return false;
+  }
+  EXPECT_TRUE(status_is(s, StatusCode::kOk)) << "select_kernel for a valid call";
+  if (!s.ok()) return false;
+  EXPECT_EQ(name, kernel);
+  return true;
+}
+
+template <class Args>
+bool give_workspace(Args* a, Placement& where) {
+  size_t bytes = 0;
+  const Status s = workspace_size(*a, &bytes);
+  EXPECT_TRUE(status_is(s, StatusCode::kOk)) << "workspace_size after select_kernel agreed";
+  if (!s.ok()) return false;
+  a->workspace = where.scratch(bytes);
+  a->workspace_bytes = bytes;
+  return where.ok();
+}
+
+}  // namespace
+
+void check_forward(std::string_view kernel, const Case& c, PlacementFactory make_placement,
+                   Tally* tally) {
+  const Problem& p = c.problem;
+  FLASHLAB_SEED_TRACE();
+  SCOPED_TRACE("case '" + c.name + "': " + p.describe());
+  std::mt19937_64 rng = rng_for(std::string(kernel) + "/forward/" + c.name);
+  Inputs in = make_inputs(p, rng);
+  HostTensor out = make_out(p);
+  HostTensor lse = p.with_lse ? make_lse(p) : HostTensor();
+  std::unique_ptr<Placement> where = make_placement();
+
+  ForwardArgs a = forward_args(p, where->place(in.q), where->place(in.k), where->place(in.v),
+                               where->place(out), where->place(lse), where->place(in.cu_q),
+                               where->place(in.cu_k));
+  if (!where->ok()) return;
+  a.kernel = kernel;
+  a.stream = where->stream();
+  if (!selectable(kernel, c, a, tally)) return;
+  if (!give_workspace(&a, *where)) return;
+  const std::vector<Snapshot> inputs = {
+      {&in.q, "q", in.q.storage()}, {&in.k, "k", in.k.storage()}, {&in.v, "v", in.v.storage()}};
+
+  const Status s = forward(a);
+  EXPECT_TRUE(status_is(s, StatusCode::kOk)) << "forward of a call select_kernel accepted";
+  if (!s.ok() || !fetch_all(*where, {&out, &lse, &in.q, &in.k, &in.v})) return;
+  ++tally->ran;
+
+  EXPECT_TRUE(out.written_exactly("out"));
+  if (p.with_lse) {
+    EXPECT_TRUE(lse.written_exactly("lse"));
+  }
+  expect_unchanged(inputs);
+
+  const Results oracle = run_reference_fp64(p, in, false);
+  const Results lowp = run_lowp(p, in, false);
+  if (oracle.out.size() != size_t(p.total_q() * p.heads_q * p.head_dim_v)) return;  // reported
+  expect_rule("out", p.dtype, out.to_f64(), lowp.out, oracle.out);
+  if (p.with_lse) {
+    expect_rule("lse", p.dtype, lse.to_f64(), lowp.lse, oracle.lse);
+  }
+}
+
+void check_backward(std::string_view kernel, const Case& c, PlacementFactory make_placement,
+                    Tally* tally) {
+  Problem p = c.problem;
+  p.with_lse = true;  // the backward needs the forward's LSE
+  FLASHLAB_SEED_TRACE();
+  SCOPED_TRACE("case '" + c.name + "': " + p.describe());
+  std::mt19937_64 rng = rng_for(std::string(kernel) + "/backward/" + c.name);
+  Inputs in = make_inputs(p, rng);
+  HostTensor out = make_out(p), lse = make_lse(p);
+  HostTensor dq = make_like_q(p), dk = make_like_kv(p, p.head_dim),
+             dv = make_like_kv(p, p.head_dim_v);
+  std::unique_ptr<Placement> where = make_placement();
+
+  BackwardArgs a = backward_args(p, where->place(in.q), where->place(in.k), where->place(in.v),
+                                 where->place(out), where->place(in.dout), where->place(lse),
+                                 where->place(dq), where->place(dk), where->place(dv),
+                                 where->place(in.cu_q), where->place(in.cu_k));
+  if (!where->ok()) return;
+  a.kernel = kernel;
+  a.stream = where->stream();
+  if (!selectable(kernel, c, a, tally)) return;
+
+  const Results oracle = run_reference_fp64(p, in, true);
+  const Results lowp = run_lowp(p, in, true);
+  if (oracle.dq.size() != size_t(p.total_q() * p.heads_q * p.head_dim)) return;  // reported
+
+  // The forward of record, as in training: the kernel's own forward when it has one that
+  // takes this call, else the oracle's outputs rounded to the dtype.
+  ForwardArgs fa = forward_args(p, a.q, a.k, a.v, a.out, a.lse, a.maybe_cu_seqlens_q,
+                                a.maybe_cu_seqlens_k);
+  fa.kernel = kernel;
+  fa.stream = a.stream;
+  const KernelInfo* info = find_kernel(kernel);
+  std::string fwd_name;
+  if (info && info->has_forward && select_kernel(fa, &fwd_name).ok()) {
+    SCOPED_TRACE("the kernel's own forward, as the backward's input");
+    if (!give_workspace(&fa, *where)) return;
+    const Status s = forward(fa);
+    EXPECT_TRUE(status_is(s, StatusCode::kOk)) << "forward of record";
+    if (!s.ok() || !fetch_all(*where, {&out, &lse})) return;
+  } else {
+    std::cout << "  (" << kernel << " backward, case '" << c.name
+              << "': it has no forward for this call; the oracle's out and lse are its input)"
+              << std::endl;
+    out.assign(oracle.out);
+    lse.assign(oracle.lse);
+    where->place(out);  // re-uploads into the same view
+    where->place(lse);
+    if (!where->ok()) return;
+  }
+  if (!give_workspace(&a, *where)) return;
+  const std::vector<Snapshot> inputs = {
+      {&in.q, "q", in.q.storage()},          {&in.k, "k", in.k.storage()},
+      {&in.v, "v", in.v.storage()},          {&out, "out", out.storage()},
+      {&in.dout, "dout", in.dout.storage()}, {&lse, "lse", lse.storage()}};
+
+  const Status s = backward(a);
+  EXPECT_TRUE(status_is(s, StatusCode::kOk)) << "backward of a call select_kernel accepted";
+  if (!s.ok() || !fetch_all(*where, {&dq, &dk, &dv, &in.q, &in.k, &in.v, &out, &in.dout, &lse}))
+    return;
+  ++tally->ran;
+
+  EXPECT_TRUE(dq.written_exactly("dq"));
+  EXPECT_TRUE(dk.written_exactly("dk"));
+  EXPECT_TRUE(dv.written_exactly("dv"));
+  expect_unchanged(inputs);
+  expect_rule("dq", p.dtype, dq.to_f64(), lowp.dq, oracle.dq);
+  expect_rule("dk", p.dtype, dk.to_f64(), lowp.dk, oracle.dk);
+  expect_rule("dv", p.dtype, dv.to_f64(), lowp.dv, oracle.dv);
+}
+
+void run_suite(std::string_view kernel, bool backward, const std::vector<Case>& cases,
+               PlacementFactory where) {
+  const KernelInfo* info = find_kernel(kernel);
+  ASSERT_NE(info, nullptr) << "kernel '" << kernel << "' is not in the registry";
+  if (!info->has_forward && !info->has_backward) {
+    ADD_FAILURE() << "kernel '" << kernel << "' registers neither a forward nor a backward pass ("
+                  << info->summary << "): it ran 0 cases";
+    return;
+  }
+  if (backward ? !info->has_backward : !info->has_forward)
+    GTEST_SKIP() << "kernel '" << kernel << "' has no " << (backward ? "backward" : "forward")
+                 << " pass (" << info->summary << ")";
+  Tally tally;
+  for (const Case& c : cases) {
+    if (backward) check_backward(kernel, c, where, &tally);
+    else check_forward(kernel, c, where, &tally);
+  }
+  tally.finish(kernel, backward ? "backward" : "forward", cases.size());
+}
+
+std::vector<std::string> cpu_kernels_under_test() {
+  std::vector<std::string> names;
+  for (const KernelInfo& k : kernels())
+    if (k.arch == "cpu" && k.name != "cpu_reference") names.emplace_back(k.name);
+  return names;
+}
+
+std::vector<std::string> gpu_kernels_under_test() {
+  std::vector<std::string> names;
+  for (const KernelInfo& k : kernels())
+    if (k.arch != "cpu") names.emplace_back(k.name);
+  return names;
+}
+
+const KernelInfo* find_kernel(std::string_view name) {
+  for (const KernelInfo& k : kernels())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::string kernel_param_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string s = info.param;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+}  // namespace flashlab::test

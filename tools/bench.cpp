@@ -226,6 +226,7 @@ void set_common(const Problem& p, int threads, void* stream, CommonArgs* a) {
   a->softcap = p.softcap;
   a->num_threads = threads;
   a->stream = stream;
+  a->quadratic_workspace_limit = p.quadratic_workspace_limit;
 }
 
 ForwardArgs forward_args(const Problem& p, const Pointers& ptr, int threads, void* stream) {

@@ -38,6 +38,8 @@ struct Problem {
   int window_right = -1;
   float softcap = 0.f;   // 0: off
   bool backward = false; // time the backward pass instead of the forward
+  // Kernels with O(seqlen²) workspace (cpu_reference, naive) refuse above this.
+  size_t quadratic_workspace_limit = size_t(4) << 30;
 };
 
 // The problem's mask as the kernels see it: FlashAttention's normalization (a window at

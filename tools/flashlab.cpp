@@ -110,6 +110,8 @@ problem:
   --window L,R       sliding window: query i (diagonal key d = i + seqlen_k - seqlen)
                      sees keys d-L .. d+R; -1 = unbounded; with --causal, R is 0
   --softcap X        logits become X*tanh(logit/X); 0 = off [0]
+  --quadratic-limit G  GiB of O(seqlen²) workspace that cpu_reference and naive may take
+                     before they refuse the problem (the API's quadratic_workspace_limit) [4]
   --backward         time the backward pass (dq, dk, dv) instead of the forward; its out
                      and LSE come from the device's best forward kernel, run first
 
@@ -185,6 +187,7 @@ struct BenchFlags {
   bool causal = false;
   int window_left = -1, window_right = -1;
   float softcap = 0.f;
+  double quadratic_limit_gib = 4.0;
   bool backward = false;
   std::vector<std::string> kernels;  // empty = all
   std::string device = "auto";
@@ -272,6 +275,9 @@ constexpr FlagSpec kBenchFlags[] = {
     {"--causal", false, [](BenchFlags& f, const std::string&, const std::string&) { f.causal = true; }},
     {"--window", true, [](BenchFlags& f, const std::string& n, const std::string& v) { parse_window(f, n, v); }},
     {"--softcap", true, [](BenchFlags& f, const std::string& n, const std::string& v) { f.softcap = parse_softcap(n, v); }},
+    {"--quadratic-limit", true, [](BenchFlags& f, const std::string& n, const std::string& v) {
+       f.quadratic_limit_gib = parse_number<double>(n, v, 0.0, 1e6);
+     }},
     {"--backward", false, [](BenchFlags& f, const std::string&, const std::string&) { f.backward = true; }},
     {"--kernel", true, [](BenchFlags& f, const std::string& n, const std::string& v) { parse_kernels(f, n, v); }},
     {"--device", true, [](BenchFlags& f, const std::string& n, const std::string& v) {
@@ -386,6 +392,7 @@ Problem make_problem(const BenchFlags& f, Device device) {
   p.window_left = f.window_left;
   p.window_right = f.window_right;
   p.softcap = f.softcap;
+  p.quadratic_workspace_limit = size_t(f.quadratic_limit_gib * double(size_t(1) << 30));
   p.backward = f.backward;
   if (p.heads_q % p.heads_kv != 0)
     throw UsageError{"--heads (" + std::to_string(p.heads_q) + ") must be a multiple of --heads-kv (" +

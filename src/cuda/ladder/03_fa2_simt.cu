@@ -1,14 +1,502 @@
-// placeholder for the rung 'fa2_simt' (being written)
+// Rung 3 — fa2_simt: FlashAttention-2's forward on CUDA cores.
+//
+// Rung 2 (fa1) runs FlashAttention-1's Algorithm 1: K/V blocks in the outer loop, Q blocks
+// in the inner one, so the running O, ℓ and m of every query row travel to HBM and back
+// once per K/V block, and O is renormalized at every step. FlashAttention-2 swaps the loops:
+//   - a thread block owns one Q block (64 rows of one (batch, head)) and walks over the
+//     K/V tiles its rows can see; O, m and ℓ stay in registers the whole time,
+//   - O is rescaled lazily, only by e^(m_old − m_new) when the running max moves, and
+//     normalized once at the end; O and LSE are written once,
+//   - the softmax runs in log2 units: exp2 of logits scaled by scale·log2(e)
+//     (p.scale_log2), which is what the hardware's ex2 instruction computes,
+//   - K/V tiles that the mask hides from every row of the block are never loaded, and only
+//     the tiles the mask cuts are masked per element (MaskPolicy::tile_is_full).
+// Tiles, thread layout and shared-memory layout are rung 2's, so the difference between
+// the two rungs' numbers is the algorithm: the O/ℓ/m round trips (~20 bytes per score at
+// head dim 128, bf16) disappear; what is left is reading K and V once per Q block (~8 bytes
+// per score, mostly from L2).
+//
+// Thread layout (256 threads; a 64-row Q block against a 64-key tile):
+//   thread (g, t): g = tid / 16 is its row group, t = tid % 16.
+//   S = Q Kᵀ   rows 4g..4g+3 × keys 4t..4t+3                   (4×4 scores in registers)
+//   O          rows 4g..4g+3 × channels 64s + 4t .. 64s + 4t + 3 of every 64-channel slab s
+//   A row group is 16 consecutive lanes, so a row's max and sum are 4 __shfl_xor_sync away,
+//   and a warp owns 8 rows (its two row groups) that no other warp touches: P goes through
+//   shared memory between the two products with only a warp barrier.
+//
+// Measured on H100: see docs/ladder/03-fa2-simt.md.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "cuda/common.cuh"
 #include "cuda/cuda_kernels.h"
 
-namespace flashlab {
+namespace flashlab::cuda {
 namespace {
-std::string not_yet(const FwdParams&) { return "not built yet"; }
+
+constexpr float kLog2e = 1.4426950408889634f;  // logits in nats → log2 units (softcap path)
+constexpr float kLn2 = 0.6931471805599453f;    // LSE in log2 units → natural log
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// ---- compile-time shape ------------------------------------------------------------------
+constexpr int kBlockM = 64;         // query rows per thread block
+constexpr int kBlockN = 64;         // keys per K/V tile
+constexpr int kRowsPerThread = 4;   // rows 4g .. 4g + 3
+constexpr int kLanesPerRow = 16;    // threads of a row group (consecutive lanes)
+constexpr int kKeysPerThread = kBlockN / kLanesPerRow;                    // keys 4t .. 4t + 3
+constexpr int kThreads = kBlockM / kRowsPerThread * kLanesPerRow;         // 256
+constexpr int kWarpRows = 32 / kLanesPerRow * kRowsPerThread;             // 8 rows per warp
+constexpr int kSlabChannels = 4 * kLanesPerRow;                           // 64 channels per slab
+static_assert(kKeysPerThread == 4 && kThreads == 256, "the layout above");
+
+// kHeadDim is max(head_dim, head_dim_v) rounded up to 64, 128 or 256: the extra channels
+// are zero in shared memory and never stored. Shared memory, all fp32:
+//   Qᵀ [kHeadDim][kBlockM] + Kᵀ [kHeadDim][kBlockN] + V [kBlockN][kHeadDim] + P [kBlockM][kBlockN]
+//   = 64 KB (D = 64), 112 KB (D = 128: two blocks share an H100 SM), 208 KB (D = 256).
+constexpr int smem_bytes(int head_dim) {
+  return int(sizeof(float)) * (kBlockM * head_dim + 2 * kBlockN * head_dim + kBlockM * kBlockN);
+}
+// Blocks per SM the register budget is sized for (65536 registers / (256 threads × blocks)).
+constexpr int min_blocks_per_sm(int head_dim) { return head_dim <= 128 ? 2 : 1; }
+
+int head_dim_bucket(const FwdParams& p) {
+  const int d = std::max(p.head_dim, p.head_dim_v);
+  return d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0;
+}
+
+// ---- shared-memory tiles -----------------------------------------------------------------
+// Q and K are stored d-major (transposed: Qᵀ[d][row], Kᵀ[d][key]), so that the 4 rows and
+// the 4 keys of a thread are one float4 each at every channel d: S = Q Kᵀ is a sum of outer
+// products, 2 loads per 16 FMAs, 8 registers of operands. V is stored as it comes
+// ([key][channel]): O += P V reads 16 lanes × 4 consecutive channels of one key row.
+//
+// P [row][key] is written by its row group (one float4 per row) and read back by the same
+// warp: the two row groups of warp w read rows 8w + r and 8w + 4 + r at the same column,
+// which without padding share their banks. Column col of row `row` is therefore stored at
+// col ^ p_swizzle(row): bit 2 of the row flips bit 4 of the column, 16 banks away, whole
+// float4 slots staying inside their 32-float span. (Padding each row by 4 floats would do
+// the same for 1 KB more per block.)
+__device__ __forceinline__ int p_swizzle(int row) { return (row & 4) << 2; }
+
+__device__ __forceinline__ float4 load_float4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+
+// Component i (a compile-time constant after unrolling) of v.
+__device__ __forceinline__ float comp(const float4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// acc += a · b, four lanes at a time.
+__device__ __forceinline__ void axpy4(float4& acc, float a, const float4& b) {
+  acc.x = fmaf(a, b.x, acc.x);
+  acc.y = fmaf(a, b.y, acc.y);
+  acc.z = fmaf(a, b.z, acc.z);
+  acc.w = fmaf(a, b.w, acc.w);
+}
+
+// 16 bytes of T from global memory as floats; elements at or past `valid` read nothing
+// and become 0 (the ragged end of a head dim that is not a multiple of the chunk).
+template <class T>
+__device__ __forceinline__ void load_chunk(const T* src, int valid, float (&dst)[16 / sizeof(T)]) {
+  constexpr int kElems = 16 / int(sizeof(T));
+  if (valid >= kElems) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(src);
+    T elems[kElems];
+    memcpy(elems, &raw, sizeof(raw));
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) dst[e] = to_float(elems[e]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) dst[e] = e < valid ? to_float(src[e]) : 0.f;
+  }
+}
+
+// Copies kRows rows of global memory (row r at src + r·row_stride) into a row-major
+// [kRows][kCols] tile as fp32. Rows at or past rows_valid and columns at or past
+// cols_valid become 0 (and are not read). kThreads_ threads share the copy, 16 bytes of
+// global memory each at a time; consecutive threads take consecutive chunks of a row, so
+// the loads are coalesced.
+template <class T, int kRows, int kCols, int kThreads_>
+__device__ __forceinline__ void load_tile(float* tile, const T* src, int64_t row_stride,
+                                          int rows_valid, int cols_valid, int thread) {
+  constexpr int kElems = 16 / int(sizeof(T));
+  constexpr int kChunksPerRow = kCols / kElems;
+  constexpr int kChunks = kRows * kChunksPerRow;
+  static_assert(kChunks % kThreads_ == 0, "every thread copies the same number of chunks");
+#pragma unroll 2
+  for (int i = 0; i < kChunks / kThreads_; ++i) {
+    const int chunk = thread + i * kThreads_;
+    const int r = chunk / kChunksPerRow, c = chunk % kChunksPerRow * kElems;
+    const bool row_ok = r < rows_valid;
+    float x[kElems];
+    load_chunk(src + (row_ok ? r * row_stride + c : 0), row_ok ? cols_valid - c : 0, x);
+#pragma unroll
+    for (int e = 0; e < kElems; e += 4)
+      *reinterpret_cast<float4*>(tile + r * kCols + c + e) =
+          make_float4(x[e], x[e + 1], x[e + 2], x[e + 3]);
+  }
+}
+
+// The same copy into a d-major tile [kCols][kRows] (element (r, d) at tile[d·kRows + r]).
+// Consecutive threads take the same chunk column of consecutive rows, so each scalar store
+// of a warp fills 32 consecutive floats (no bank conflict); a warp's 16-byte loads then
+// touch 32 rows, and the next warps load the neighbouring chunks of the same sectors.
+template <class T, int kRows, int kCols, int kThreads_>
+__device__ __forceinline__ void load_tile_transposed(float* tile, const T* src, int64_t row_stride,
+                                                     int rows_valid, int cols_valid, int thread) {
+  constexpr int kElems = 16 / int(sizeof(T));
+  constexpr int kChunks = kRows * (kCols / kElems);
+  static_assert(kChunks % kThreads_ == 0 && kRows % 32 == 0, "whole warps per chunk column");
+#pragma unroll 2
+  for (int i = 0; i < kChunks / kThreads_; ++i) {
+    const int chunk = thread + i * kThreads_;
+    const int r = chunk % kRows, c = chunk / kRows * kElems;
+    const bool row_ok = r < rows_valid;
+    float x[kElems];
+    load_chunk(src + (row_ok ? r * row_stride + c : 0), row_ok ? cols_valid - c : 0, x);
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) tile[(c + e) * kRows + r] = x[e];
+  }
+}
+
+// Max and sum over the 16 lanes of a row group (xor offsets below 16 stay inside it).
+__device__ __forceinline__ float group_max(float x) {
+#pragma unroll
+  for (int o = kLanesPerRow / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));
+  return x;
+}
+__device__ __forceinline__ float group_sum(float x) {
+#pragma unroll
+  for (int o = kLanesPerRow / 2; o > 0; o >>= 1) x += __shfl_xor_sync(kFullMask, x, o);
+  return x;
+}
+
+// Four consecutive output elements; only the first `valid` are written when fewer than 4
+// remain in the head. The vector store is aligned: channels start at multiples of 4 and
+// rows at multiples of 16 bytes (the API's CUDA rule).
+template <class T>
+__device__ __forceinline__ void store4(T* dst, const float4& x, int valid) {
+  if (valid >= 4) {
+    if constexpr (std::is_same_v<T, float>) {
+      *reinterpret_cast<float4*>(dst) = x;
+    } else {
+      const T elems[4] = {from_float<T>(x.x), from_float<T>(x.y), from_float<T>(x.z),
+                          from_float<T>(x.w)};
+      uint2 bits;
+      memcpy(&bits, elems, sizeof(bits));
+      *reinterpret_cast<uint2*>(dst) = bits;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 3; ++e)
+      if (e < valid) dst[e] = from_float<T>(comp(x, e));
+  }
+}
+
+// ---- the two tile products ---------------------------------------------------------------
+// s[r][c] = Σ_d Qᵀ[d][row0 + r] · Kᵀ[d][key0 + c]: per channel, one float4 of each
+// (1 wavefront for Q's two distinct addresses per warp, 2 for K's 16) feed 16 FMAs.
+template <int kHeadDim>
+__device__ __forceinline__ void tile_scores(const float* qt_tile, const float* kt_tile, int row0,
+                                            int key0, float (&s)[kRowsPerThread][kKeysPerThread]) {
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r)
+#pragma unroll
+    for (int c = 0; c < kKeysPerThread; ++c) s[r][c] = 0.f;
+#pragma unroll 4
+  for (int d = 0; d < kHeadDim; ++d) {
+    const float4 q = load_float4(qt_tile + d * kBlockM + row0);
+    const float4 k = load_float4(kt_tile + d * kBlockN + key0);
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r)
+#pragma unroll
+      for (int c = 0; c < kKeysPerThread; ++c) s[r][c] = fmaf(comp(q, r), comp(k, c), s[r][c]);
+  }
+}
+
+// o[r][s] += Σ_k P[row0 + r][k] · V[k][64s + 4t .. 64s + 4t + 3]: per 4 keys, 4 float4
+// loads of P (one per row) and 4·kSlabs of V feed 64·kSlabs FMAs.
+template <int kHeadDim>
+__device__ __forceinline__ void accumulate_pv(const float* p_tile, const float* v_tile, int row0,
+                                              int t, float4 (&o)[kRowsPerThread][kHeadDim / 64]) {
+  constexpr int kSlabs = kHeadDim / kSlabChannels;
+  const float* pr = p_tile + row0 * kBlockN;
+  const float* v = v_tile + 4 * t;
+  const int swz = p_swizzle(row0);  // the same for the thread's 4 rows
+#pragma unroll 2
+  for (int k = 0; k < kBlockN; k += 4) {
+    float4 pv[kRowsPerThread];
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) pv[r] = load_float4(pr + r * kBlockN + (k ^ swz));
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int s = 0; s < kSlabs; ++s) {
+        const float4 vv = load_float4(v + (k + kk) * kHeadDim + s * kSlabChannels);
+#pragma unroll
+        for (int r = 0; r < kRowsPerThread; ++r) axpy4(o[r][s], comp(pv[r], kk), vv);
+      }
+  }
+}
+
+// ---- the kernel --------------------------------------------------------------------------
+// grid (ceil(seqlen_q / 64), heads_q, batch), 256 threads, smem_bytes(kHeadDim) dynamic.
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kHeadDim))
+    fa2_simt_kernel(const __grid_constant__ FwdParams p) {
+  constexpr int kSlabs = kHeadDim / kSlabChannels;
+  const int b = blockIdx.z, h = blockIdx.y, hk = h / p.group;
+  // Q blocks run last first: under a causal mask the last ones see the most keys, and
+  // starting the longest blocks first shortens the tail of the grid.
+  const int i0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kBlockM;
+  const SeqInfo seq = seq_info(p, b);
+  const int len_q = seq.len_q, len_k = seq.len_k;
+  if (i0 >= len_q) return;  // varlen: this sequence is shorter than the grid
+  const int rows_valid = min(kBlockM, len_q - i0);
+  const MaskPolicy mask = p.mask;
+
+  // Only K/V tiles [n_begin, n_end) hold keys that some row of the block sees.
+  const int key_lo = mask.block_key_begin(i0, i0 + rows_valid, len_q, len_k);
+  const int key_hi = mask.block_key_end(i0, i0 + rows_valid, len_q, len_k);
+  const int n_begin = key_lo / kBlockN;
+  const int n_end = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : n_begin;
+
+  extern __shared__ __align__(16) float smem[];
+  float* qt_tile = smem;                          // [kHeadDim][kBlockM]  Qᵀ
+  float* kt_tile = qt_tile + kHeadDim * kBlockM;  // [kHeadDim][kBlockN]  Kᵀ
+  float* v_tile = kt_tile + kHeadDim * kBlockN;   // [kBlockN][kHeadDim]
+  float* p_tile = v_tile + kBlockN * kHeadDim;    // [kBlockM][kBlockN]   swizzled
+
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int row0 = tid / kLanesPerRow * kRowsPerThread;  // rows row0 .. row0 + 3 of the block
+  const int t = tid % kLanesPerRow;                      // channels 64s + 4t .. 64s + 4t + 3
+  const int key0 = t * kKeysPerThread;                   // keys key0 .. key0 + 3 of a tile
+
+  const T* q_src = static_cast<const T*>(p.q) + b * p.q_batch_stride +
+                   (seq.start_q + i0) * p.q_row_stride + h * p.q_head_stride;
+  const T* k_seq = static_cast<const T*>(p.k) + b * p.k_batch_stride +
+                   seq.start_k * p.k_row_stride + hk * p.k_head_stride;
+  const T* v_seq = static_cast<const T*>(p.v) + b * p.v_batch_stride +
+                   seq.start_k * p.v_row_stride + hk * p.v_head_stride;
+
+  // Q once; the first tile's barrier makes it visible.
+  load_tile_transposed<T, kBlockM, kHeadDim, kThreads>(qt_tile, q_src, p.q_row_stride, rows_valid,
+                                                       p.head_dim, tid);
+
+  float4 o[kRowsPerThread][kSlabs];  // unnormalized O: Σ_j 2^(s_j − m) v_j
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r)
+#pragma unroll
+    for (int s = 0; s < kSlabs; ++s) o[r][s] = make_float4(0.f, 0.f, 0.f, 0.f);
+  float row_max[kRowsPerThread], row_sum[kRowsPerThread];  // m (log2 units); this lane's part of ℓ
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    row_max[r] = -INFINITY;
+    row_sum[r] = 0.f;
+  }
+
+  // This warp's rows; a warp whose rows are all past len_q helps to load but skips the math.
+  const int wi0 = i0 + warp * kWarpRows, wi1 = min(wi0 + kWarpRows, len_q);
+
+  for (int n = n_begin; n < n_end; ++n) {
+    const int j0 = n * kBlockN;
+    __syncthreads();  // every warp is done with the previous tile (K, V and its P rows)
+    // Rows past len_k (only in the last tile) become zeros: finite scores, and P·V never
+    // meets garbage (0 · NaN would be NaN).
+    load_tile_transposed<T, kBlockN, kHeadDim, kThreads>(
+        kt_tile, k_seq + j0 * p.k_row_stride, p.k_row_stride, len_k - j0, p.head_dim, tid);
+    load_tile<T, kBlockN, kHeadDim, kThreads>(v_tile, v_seq + j0 * p.v_row_stride, p.v_row_stride,
+                                              len_k - j0, p.head_dim_v, tid);
+    __syncthreads();  // the tile (and Q) is visible to every warp
+    if (wi0 >= wi1) continue;
+
+    float s[kRowsPerThread][kKeysPerThread];  // S = Q Kᵀ, then P
+    tile_scores<kHeadDim>(qt_tile, kt_tile, row0, key0, s);
+
+    // Logits in log2 units; the softcap transform works on the scaled score in nats.
+    if (mask.softcap > 0.f) {
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r)
+#pragma unroll
+        for (int c = 0; c < kKeysPerThread; ++c) s[r][c] = mask.logit(s[r][c] * p.scale) * kLog2e;
+    } else {
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r)
+#pragma unroll
+        for (int c = 0; c < kKeysPerThread; ++c) s[r][c] *= p.scale_log2;
+    }
+    // Per-element mask only where the tile is cut for this warp's rows (warp-uniform).
+    if (j0 + kBlockN > len_k || !mask.tile_is_full(wi0, wi1, j0, j0 + kBlockN, len_q, len_k)) {
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r) {
+        // Keys row i sees, shifted to this thread's first key j0 + key0; clamped to len_k,
+        // so the zero rows past the end of the keys are outside too.
+        const int i = i0 + row0 + r;
+        const int lo = mask.key_begin(i, len_q, len_k) - j0 - key0;
+        const int hi = mask.key_end(i, len_q, len_k) - j0 - key0;
+#pragma unroll
+        for (int c = 0; c < kKeysPerThread; ++c)
+          if (c < lo || c >= hi) s[r][c] = -INFINITY;
+      }
+    }
+
+    // Online softmax with lazy rescaling: O and ℓ are multiplied by 2^(m_old − m_new)
+    // and never divided until the end.
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+      const float m_tile = group_max(fmaxf(fmaxf(s[r][0], s[r][1]), fmaxf(s[r][2], s[r][3])));
+      const float m_new = fmaxf(row_max[r], m_tile);
+      // A row that has seen no key yet keeps P = 0 and O = 0 instead of 2^(-inf + inf).
+      const float m_ref = m_new == -INFINITY ? 0.f : m_new;
+      const float rescale = exp2f(row_max[r] - m_ref);  // 0 on the row's first visible tile
+      row_max[r] = m_new;
+      row_sum[r] *= rescale;
+#pragma unroll
+      for (int sl = 0; sl < kSlabs; ++sl) {
+        o[r][sl].x *= rescale;
+        o[r][sl].y *= rescale;
+        o[r][sl].z *= rescale;
+        o[r][sl].w *= rescale;
+      }
+#pragma unroll
+      for (int c = 0; c < kKeysPerThread; ++c) {
+        s[r][c] = exp2f(s[r][c] - m_ref);
+        row_sum[r] += s[r][c];
+      }
+    }
+
+    // P through shared memory: O += P V needs every key of a row, which 16 lanes hold.
+    // The rows are this warp's own, so a warp barrier is enough.
+    const int p_col = key0 ^ p_swizzle(row0);  // one float4 slot per row
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r)
+      *reinterpret_cast<float4*>(p_tile + (row0 + r) * kBlockN + p_col) =
+          make_float4(s[r][0], s[r][1], s[r][2], s[r][3]);
+    __syncwarp();
+    accumulate_pv<kHeadDim>(p_tile, v_tile, row0, t, o);
+  }
+
+  // Epilogue: ℓ over the row group, O /= ℓ once, LSE = (m + log2 ℓ)·ln 2, one write each.
+  if (wi0 >= wi1) return;
+  float inv_l[kRowsPerThread], lse[kRowsPerThread];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const float l = group_sum(row_sum[r]);
+    inv_l[r] = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key: O = 0
+    lse[r] = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
+  }
+  T* o_dst = static_cast<T*>(p.out) + b * p.o_batch_stride + (seq.start_q + i0) * p.o_row_stride +
+             h * p.o_head_stride;
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const int row = row0 + r;
+    if (row >= rows_valid) continue;
+#pragma unroll
+    for (int sl = 0; sl < kSlabs; ++sl) {
+      const int ch = sl * kSlabChannels + 4 * t;
+      if (ch >= p.head_dim_v) continue;
+      const float4 v = make_float4(o[r][sl].x * inv_l[r], o[r][sl].y * inv_l[r],
+                                   o[r][sl].z * inv_l[r], o[r][sl].w * inv_l[r]);
+      store4(o_dst + row * p.o_row_stride + ch, v, p.head_dim_v - ch);
+    }
+    if (t == 0 && p.lse)
+      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.start_q + i0 + row] = lse[r];
+  }
+}
+
+// ---- launch ------------------------------------------------------------------------------
+template <class T, int kHeadDim>
+Status launch(const FwdParams& p) {
+  const auto kernel = fa2_simt_kernel<T, kHeadDim>;
+  constexpr int kSmem = smem_bytes(kHeadDim);
+  FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  // Loads go global → registers → shared (nothing is re-read through L1): give the SM's
+  // unified L1/shared storage to shared memory, so that min_blocks_per_sm blocks fit.
+  FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared));
+  const dim3 grid((p.seqlen_q + kBlockM - 1) / kBlockM, p.heads_q, p.batch);
+  kernel<<<grid, kThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(p);
+  FL_CUDA_CHECK_LAUNCH();
+  return {};
+}
+
+// Calls f.template operator()<T, kHeadDim>() for p's dtype and head-dim bucket (both
+// already checked by supports()).
+template <class F>
+Status dispatch(const FwdParams& p, F&& f) {
+  return dispatch_dtype(p.dtype, [&]<class T>() -> Status {
+    switch (head_dim_bucket(p)) {
+      case 64: return f.template operator()<T, 64>();
+      case 128: return f.template operator()<T, 128>();
+      default: return f.template operator()<T, 256>();
+    }
+  });
+}
+
+std::string supports(const FwdParams& p) {
+  if (p.device != Device::kCUDA) return "runs on CUDA tensors only";
+  if (p.dtype == DType::kF64) return "fp64 is not supported (fp32, fp16, bf16 are)";
+  const int bucket = head_dim_bucket(p);
+  if (bucket == 0)
+    return "head_dim and head_dim_v must be <= 256 (run as 64, 128 or 256 with zero padding), got " +
+           std::to_string(p.head_dim) + " and " + std::to_string(p.head_dim_v);
+  if (p.heads_q > 65535) return "heads_q must be <= 65535 (grid y)";
+  if (p.batch > 65535) return "batch must be <= 65535 (grid z)";
+  int major = 0, smem_optin = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device_index) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index) !=
+          cudaSuccess) {
+    cudaGetLastError();  // the failed query is answered here, not by the next launch check
+    return "cannot query CUDA device " + std::to_string(p.device_index);
+  }
+  if (major < 8) return "needs compute capability 8.0 or newer";
+  if (smem_optin < smem_bytes(bucket))
+    return "needs " + std::to_string(smem_bytes(bucket)) + " bytes of shared memory per block at head dim " +
+           std::to_string(bucket) + "; device " + std::to_string(p.device_index) + " allows " +
+           std::to_string(smem_optin);
+  DeviceGuard guard(p.device_index);
+  cudaFuncAttributes attr;
+  const Status has_code = dispatch(p, [&]<class T, int kHeadDim>() -> Status {
+    return cuda_status(cudaFuncGetAttributes(&attr, fa2_simt_kernel<T, kHeadDim>),
+                       "cudaFuncGetAttributes", __FILE__, __LINE__);
+  });
+  if (!has_code.ok()) {
+    cudaGetLastError();
+    return "this build has no code for device " + std::to_string(p.device_index) +
+           "; add its arch to FLASHLAB_CUDA_ARCHS";
+  }
+  return "";
+}
+
+Status run(const FwdParams& p) {
+  if (p.seqlen_q == 0 || p.batch == 0 || p.heads_q == 0) return {};  // no row to write
+  DeviceGuard guard(p.device_index);
+  return dispatch(p, [&]<class T, int kHeadDim>() { return launch<T, kHeadDim>(p); });
+}
+
 }  // namespace
+}  // namespace flashlab::cuda
+
+namespace flashlab {
+
 KernelEntry fa2_simt_entry() {
   KernelEntry e;
-  e.info = {"fa2_simt", "sm80+", "placeholder", true, false};
-  e.supports_fwd = not_yet;
+  e.info = {"fa2_simt", "sm80+",
+            "rung 3: FlashAttention-2 forward on CUDA cores: a block owns 64 query rows, O/m/ℓ "
+            "in registers, lazy rescaling, exp2, masked tiles skipped; fp32/fp16/bf16, head "
+            "dims <= 256, every mask, GQA, varlen; forward only",
+            true, false};
+  e.auto_priority = 0;  // a teaching rung: only run when named
+  e.supports_fwd = cuda::supports;
+  e.run_fwd = cuda::run;
   return e;
 }
+
 }  // namespace flashlab

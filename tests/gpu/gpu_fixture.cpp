@@ -59,8 +59,12 @@ bool DeviceBuffer::upload(const void* src, size_t bytes) {
     ADD_FAILURE() << "upload of " << bytes << " bytes into a buffer of " << bytes_;
     return false;
   }
-  return bytes == 0 || cuda_ok(cudaMemcpy(ptr_, src, bytes, cudaMemcpyHostToDevice),
-                               "cudaMemcpy host to device");
+  // cudaMemcpy from pageable memory and cudaMemset may return before the device has the
+  // data, and the kernels run on a non-blocking stream that does not wait for the legacy
+  // default stream: synchronize so the kernel never races its own inputs.
+  return bytes == 0 || (cuda_ok(cudaMemcpy(ptr_, src, bytes, cudaMemcpyHostToDevice),
+                                "cudaMemcpy host to device") &&
+                        cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after upload"));
 }
 
 bool DeviceBuffer::download(void* dst, size_t bytes) const {
@@ -73,7 +77,8 @@ bool DeviceBuffer::download(void* dst, size_t bytes) const {
 }
 
 bool DeviceBuffer::fill_bytes(int value) {
-  return bytes_ == 0 || cuda_ok(cudaMemset(ptr_, value, bytes_), "cudaMemset");
+  return bytes_ == 0 || (cuda_ok(cudaMemset(ptr_, value, bytes_), "cudaMemset") &&
+                         cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after memset"));
 }
 
 DevicePlacement::DevicePlacement() {

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "common/params.h"
 #include "cuda/check.cuh"
@@ -72,6 +73,35 @@ class DeviceGuard {
   int prev_ = 0;
   bool switched_ = false;
 };
+
+// The device half of a rung's supports(): compute capability 8.0 or newer, `smem_bytes`
+// of opt-in shared memory per block, and code for this device in the build (`kernel` is the
+// instantiation the call would launch). "" when all hold, else the reason.
+inline std::string device_supports(int device, int smem_bytes, const void* kernel) {
+  int major = 0, minor = 0, smem_optin = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    cudaGetLastError();  // the failed query is answered here, not by the next launch check
+    return "cannot query CUDA device " + std::to_string(device);
+  }
+  const std::string where = "device " + std::to_string(device) + " (compute capability " +
+                            std::to_string(major) + "." + std::to_string(minor) + ")";
+  if (major < 8) return "needs compute capability 8.0 or newer; " + where;
+  {
+    DeviceGuard guard(device);
+    cudaFuncAttributes attr;
+    if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+      cudaGetLastError();
+      return "this build has no code for " + where + "; add its arch to FLASHLAB_CUDA_ARCHS";
+    }
+  }
+  if (smem_optin < smem_bytes)
+    return "needs " + std::to_string(smem_bytes) + " bytes of shared memory per block; " + where +
+           " allows " + std::to_string(smem_optin);
+  return "";
+}
 
 // Calls f.template operator()<T>() with T the CUDA element type of `dtype`.
 template <class F>

@@ -47,218 +47,20 @@
 
 #include "cuda/common.cuh"
 #include "cuda/cuda_kernels.h"
+#include "cuda/ladder/simt_fwd_tiles.cuh"
 
 namespace flashlab::cuda {
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
+using namespace simt;  // the tile layout shared with rung 3 (simt_fwd_tiles.cuh)
 
-// ---- compile-time shape ------------------------------------------------------------------
 // The paper sizes its blocks from the SRAM size M (B_c = ⌈M/4d⌉, B_r = min(B_c, d)); here
-// both are 64 and the thread block, not one thread, works on a block.
-constexpr int kBlockM = 64;         // query rows per Q block (B_r)
-constexpr int kBlockN = 64;         // keys per K/V block (B_c)
-constexpr int kRowsPerThread = 4;   // rows 4g .. 4g + 3
-constexpr int kLanesPerRow = 16;    // threads of a row group (consecutive lanes)
-constexpr int kKeysPerThread = kBlockN / kLanesPerRow;                    // keys 4t .. 4t + 3
-constexpr int kThreads = kBlockM / kRowsPerThread * kLanesPerRow;         // 256
-constexpr int kWarpRows = 32 / kLanesPerRow * kRowsPerThread;             // 8 rows per warp
-constexpr int kSlabChannels = 4 * kLanesPerRow;                           // 64 channels per slab
-static_assert(kKeysPerThread == 4 && kThreads == 256, "the layout above");
-
-// kHeadDim is max(head_dim, head_dim_v) rounded up to 64, 128 or 256: the extra channels
-// are zero in shared memory and never stored. Shared memory, all fp32:
-//   Qᵀ [kHeadDim][kBlockM] + Kᵀ [kHeadDim][kBlockN] + V [kBlockN][kHeadDim] + P [kBlockM][kBlockN]
-//   = 64 KB (D = 64), 112 KB (D = 128: two blocks share an H100 SM), 208 KB (D = 256).
-constexpr int smem_bytes(int head_dim) {
-  return int(sizeof(float)) * (kBlockM * head_dim + 2 * kBlockN * head_dim + kBlockM * kBlockN);
-}
-// Blocks per SM the register budget is sized for (65536 registers / (256 threads × blocks)).
-constexpr int min_blocks_per_sm(int head_dim) { return head_dim <= 128 ? 2 : 1; }
+// both are 64 (kBlockM = B_r, kBlockN = B_c) and the thread block, not one thread, works
+// on a block.
+//
 // Thread blocks per SM the grid aims for (about 4 waves of 2 resident blocks), reached by
 // splitting each (batch, head)'s Q blocks over several thread blocks.
 constexpr int kTargetBlocksPerSm = 8;
-
-int head_dim_bucket(const FwdParams& p) {
-  const int d = std::max(p.head_dim, p.head_dim_v);
-  return d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0;
-}
-
-// ---- shared-memory tiles -----------------------------------------------------------------
-// Q and K are stored d-major (transposed: Qᵀ[d][row], Kᵀ[d][key]), so that the 4 rows and
-// the 4 keys of a thread are one float4 each at every channel d: S = Q Kᵀ is a sum of outer
-// products, 2 loads per 16 FMAs, 8 registers of operands. V is stored as it comes
-// ([key][channel]): O += P V reads 16 lanes × 4 consecutive channels of one key row.
-//
-// P [row][key] is written by its row group (one float4 per row) and read back by the same
-// warp: the two row groups of warp w read rows 8w + r and 8w + 4 + r at the same column,
-// which without padding share their banks. Column col of row `row` is therefore stored at
-// col ^ p_swizzle(row): bit 2 of the row flips bit 4 of the column, 16 banks away, whole
-// float4 slots staying inside their 32-float span. (Padding each row by 4 floats would do
-// the same for 1 KB more per block.)
-__device__ __forceinline__ int p_swizzle(int row) { return (row & 4) << 2; }
-
-__device__ __forceinline__ float4 load_float4(const float* p) {
-  return *reinterpret_cast<const float4*>(p);
-}
-
-// Component i (a compile-time constant after unrolling) of v.
-__device__ __forceinline__ float comp(const float4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// acc += a · b, four lanes at a time.
-__device__ __forceinline__ void axpy4(float4& acc, float a, const float4& b) {
-  acc.x = fmaf(a, b.x, acc.x);
-  acc.y = fmaf(a, b.y, acc.y);
-  acc.z = fmaf(a, b.z, acc.z);
-  acc.w = fmaf(a, b.w, acc.w);
-}
-
-// 16 bytes of T from global memory as floats; elements at or past `valid` read nothing
-// and become 0 (the ragged end of a head dim that is not a multiple of the chunk).
-template <class T>
-__device__ __forceinline__ void load_chunk(const T* src, int valid, float (&dst)[16 / sizeof(T)]) {
-  constexpr int kElems = 16 / int(sizeof(T));
-  if (valid >= kElems) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(src);
-    T elems[kElems];
-    memcpy(elems, &raw, sizeof(raw));
-#pragma unroll
-    for (int e = 0; e < kElems; ++e) dst[e] = to_float(elems[e]);
-  } else {
-#pragma unroll
-    for (int e = 0; e < kElems; ++e) dst[e] = e < valid ? to_float(src[e]) : 0.f;
-  }
-}
-
-// Copies kRows rows of global memory (row r at src + r·row_stride) into a row-major
-// [kRows][kCols] tile as fp32. Rows at or past rows_valid and columns at or past
-// cols_valid become 0 (and are not read). kThreads_ threads share the copy, 16 bytes of
-// global memory each at a time; consecutive threads take consecutive chunks of a row, so
-// the loads are coalesced.
-template <class T, int kRows, int kCols, int kThreads_>
-__device__ __forceinline__ void load_tile(float* tile, const T* src, int64_t row_stride,
-                                          int rows_valid, int cols_valid, int thread) {
-  constexpr int kElems = 16 / int(sizeof(T));
-  constexpr int kChunksPerRow = kCols / kElems;
-  constexpr int kChunks = kRows * kChunksPerRow;
-  static_assert(kChunks % kThreads_ == 0, "every thread copies the same number of chunks");
-#pragma unroll 2
-  for (int i = 0; i < kChunks / kThreads_; ++i) {
-    const int chunk = thread + i * kThreads_;
-    const int r = chunk / kChunksPerRow, c = chunk % kChunksPerRow * kElems;
-    const bool row_ok = r < rows_valid;
-    float x[kElems];
-    load_chunk(src + (row_ok ? r * row_stride + c : 0), row_ok ? cols_valid - c : 0, x);
-#pragma unroll
-    for (int e = 0; e < kElems; e += 4)
-      *reinterpret_cast<float4*>(tile + r * kCols + c + e) =
-          make_float4(x[e], x[e + 1], x[e + 2], x[e + 3]);
-  }
-}
-
-// The same copy into a d-major tile [kCols][kRows] (element (r, d) at tile[d·kRows + r]).
-// Consecutive threads take the same chunk column of consecutive rows, so each scalar store
-// of a warp fills 32 consecutive floats (no bank conflict); a warp's 16-byte loads then
-// touch 32 rows, and the next warps load the neighbouring chunks of the same sectors.
-template <class T, int kRows, int kCols, int kThreads_>
-__device__ __forceinline__ void load_tile_transposed(float* tile, const T* src, int64_t row_stride,
-                                                     int rows_valid, int cols_valid, int thread) {
-  constexpr int kElems = 16 / int(sizeof(T));
-  constexpr int kChunks = kRows * (kCols / kElems);
-  static_assert(kChunks % kThreads_ == 0 && kRows % 32 == 0, "whole warps per chunk column");
-#pragma unroll 2
-  for (int i = 0; i < kChunks / kThreads_; ++i) {
-    const int chunk = thread + i * kThreads_;
-    const int r = chunk % kRows, c = chunk / kRows * kElems;
-    const bool row_ok = r < rows_valid;
-    float x[kElems];
-    load_chunk(src + (row_ok ? r * row_stride + c : 0), row_ok ? cols_valid - c : 0, x);
-#pragma unroll
-    for (int e = 0; e < kElems; ++e) tile[(c + e) * kRows + r] = x[e];
-  }
-}
-
-// Max and sum over the 16 lanes of a row group (xor offsets below 16 stay inside it).
-__device__ __forceinline__ float group_max(float x) {
-#pragma unroll
-  for (int o = kLanesPerRow / 2; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));
-  return x;
-}
-__device__ __forceinline__ float group_sum(float x) {
-#pragma unroll
-  for (int o = kLanesPerRow / 2; o > 0; o >>= 1) x += __shfl_xor_sync(kFullMask, x, o);
-  return x;
-}
-
-// Four consecutive output elements; only the first `valid` are written when fewer than 4
-// remain in the head. The vector store is aligned: channels start at multiples of 4 and
-// rows at multiples of 16 bytes (the API's CUDA rule).
-template <class T>
-__device__ __forceinline__ void store4(T* dst, const float4& x, int valid) {
-  if (valid >= 4) {
-    if constexpr (std::is_same_v<T, float>) {
-      *reinterpret_cast<float4*>(dst) = x;
-    } else {
-      const T elems[4] = {from_float<T>(x.x), from_float<T>(x.y), from_float<T>(x.z),
-                          from_float<T>(x.w)};
-      uint2 bits;
-      memcpy(&bits, elems, sizeof(bits));
-      *reinterpret_cast<uint2*>(dst) = bits;
-    }
-  } else {
-#pragma unroll
-    for (int e = 0; e < 3; ++e)
-      if (e < valid) dst[e] = from_float<T>(comp(x, e));
-  }
-}
-
-// ---- the two tile products ---------------------------------------------------------------
-// s[r][c] = Σ_d Qᵀ[d][row0 + r] · Kᵀ[d][key0 + c]: per channel, one float4 of each
-// (1 wavefront for Q's two distinct addresses per warp, 2 for K's 16) feed 16 FMAs.
-template <int kHeadDim>
-__device__ __forceinline__ void tile_scores(const float* qt_tile, const float* kt_tile, int row0,
-                                            int key0, float (&s)[kRowsPerThread][kKeysPerThread]) {
-#pragma unroll
-  for (int r = 0; r < kRowsPerThread; ++r)
-#pragma unroll
-    for (int c = 0; c < kKeysPerThread; ++c) s[r][c] = 0.f;
-#pragma unroll 4
-  for (int d = 0; d < kHeadDim; ++d) {
-    const float4 q = load_float4(qt_tile + d * kBlockM + row0);
-    const float4 k = load_float4(kt_tile + d * kBlockN + key0);
-#pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r)
-#pragma unroll
-      for (int c = 0; c < kKeysPerThread; ++c) s[r][c] = fmaf(comp(q, r), comp(k, c), s[r][c]);
-  }
-}
-
-// o[r][s] += Σ_k P[row0 + r][k] · V[k][64s + 4t .. 64s + 4t + 3]: per 4 keys, 4 float4
-// loads of P (one per row) and 4·kSlabs of V feed 64·kSlabs FMAs.
-template <int kHeadDim>
-__device__ __forceinline__ void accumulate_pv(const float* p_tile, const float* v_tile, int row0,
-                                              int t, float4 (&o)[kRowsPerThread][kHeadDim / 64]) {
-  constexpr int kSlabs = kHeadDim / kSlabChannels;
-  const float* pr = p_tile + row0 * kBlockN;
-  const float* v = v_tile + 4 * t;
-  const int swz = p_swizzle(row0);  // the same for the thread's 4 rows
-#pragma unroll 2
-  for (int k = 0; k < kBlockN; k += 4) {
-    float4 pv[kRowsPerThread];
-#pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) pv[r] = load_float4(pr + r * kBlockN + (k ^ swz));
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int s = 0; s < kSlabs; ++s) {
-        const float4 vv = load_float4(v + (k + kk) * kHeadDim + s * kSlabChannels);
-#pragma unroll
-        for (int r = 0; r < kRowsPerThread; ++r) axpy4(o[r][s], comp(pv[r], kk), vv);
-      }
-  }
-}
 
 // ---- the kernel --------------------------------------------------------------------------
 // The workspace: running O, m, ℓ of every query row of every head, in HBM.
@@ -558,30 +360,12 @@ std::string supports(const FwdParams& p) {
            std::to_string(p.head_dim) + " and " + std::to_string(p.head_dim_v);
   if (p.heads_q > 65535) return "heads_q must be <= 65535 (grid y)";
   if (p.batch > 65535) return "batch must be <= 65535 (grid z)";
-  int major = 0, smem_optin = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device_index) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index) !=
-          cudaSuccess) {
-    cudaGetLastError();  // the failed query is answered here, not by the next launch check
-    return "cannot query CUDA device " + std::to_string(p.device_index);
-  }
-  if (major < 8) return "needs compute capability 8.0 or newer";
-  if (smem_optin < smem_bytes(bucket))
-    return "needs " + std::to_string(smem_bytes(bucket)) + " bytes of shared memory per block at head dim " +
-           std::to_string(bucket) + "; device " + std::to_string(p.device_index) + " allows " +
-           std::to_string(smem_optin);
-  DeviceGuard guard(p.device_index);
-  cudaFuncAttributes attr;
-  const Status has_code = dispatch(p, [&]<class T, int kHeadDim>() -> Status {
-    return cuda_status(cudaFuncGetAttributes(&attr, fa1_kernel<T, kHeadDim>),
-                       "cudaFuncGetAttributes", __FILE__, __LINE__);
+  const void* kernel = nullptr;
+  dispatch(p, [&]<class T, int kHeadDim>() -> Status {
+    kernel = reinterpret_cast<const void*>(&fa1_kernel<T, kHeadDim>);
+    return {};
   });
-  if (!has_code.ok()) {
-    cudaGetLastError();
-    return "this build has no code for device " + std::to_string(p.device_index) +
-           "; add its arch to FLASHLAB_CUDA_ARCHS";
-  }
-  return "";
+  return device_supports(p.device_index, smem_bytes(bucket), kernel);
 }
 
 Status run(const FwdParams& p) {

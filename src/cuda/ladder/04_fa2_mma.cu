@@ -572,35 +572,8 @@ std::string supports(const FwdParams& p) {
     return "head_dim must be 64 or 128, got " + std::to_string(p.head_dim);
   if (p.heads_q > 65535) return "heads_q must be <= 65535 (grid y)";
   if (p.batch > 65535) return "batch must be <= 65535 (grid z)";
-  int major = 0, minor = 0, smem_optin = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device_index) !=
-          cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, p.device_index) !=
-          cudaSuccess ||
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                             p.device_index) != cudaSuccess) {
-    cudaGetLastError();  // the failed query is answered here, not by the next launch check
-    return "cannot query CUDA device " + std::to_string(p.device_index);
-  }
-  const std::string device = "device " + std::to_string(p.device_index) +
-                             " (compute capability " + std::to_string(major) + "." +
-                             std::to_string(minor) + ")";
-  if (major < 8)
-    return "needs compute capability 8.0+ (bf16 mma.sync, ldmatrix, cp.async); " + device;
-  {
-    DeviceGuard guard(p.device_index);
-    cudaFuncAttributes attr;
-    if (cudaFuncGetAttributes(&attr, kernel_for(p)) != cudaSuccess) {
-      cudaGetLastError();
-      return "this build has no code for " + device +
-             "; add its arch to FLASHLAB_CUDA_ARCHS";
-    }
-  }
-  if (smem_optin < smem_bytes(p.head_dim))
-    return "needs " + std::to_string(smem_bytes(p.head_dim)) +
-           " bytes of shared memory per block; " + device + " allows " +
-           std::to_string(smem_optin);
-  return "";
+  return device_supports(p.device_index, smem_bytes(p.head_dim),
+                         reinterpret_cast<const void*>(kernel_for(p)));
 }
 
 Status run(const FwdParams& p) {

@@ -42,11 +42,12 @@
 
 #include "cuda/common.cuh"
 #include "cuda/cuda_kernels.h"
+#include "cuda/ladder/simt_common.cuh"
 
 namespace flashlab::cuda {
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
+using namespace simt;  // float4 helpers, loads and stores shared with rungs 2 and 3
 
 // ---- compile-time shape ------------------------------------------------------------------
 constexpr int kBlockM = 64;        // query rows per step of the main loop
@@ -109,46 +110,12 @@ __device__ __forceinline__ int swizzle(int row) {
   else return (row & 7) << 2;
 }
 
-__device__ __forceinline__ float4 load_float4(const float* p) {
-  return *reinterpret_cast<const float4*>(p);
-}
-
-// Component i (a compile-time constant after unrolling) of v.
-__device__ __forceinline__ float comp(const float4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// acc += a · b, four lanes at a time.
-__device__ __forceinline__ void axpy4(float4& acc, float a, const float4& b) {
-  acc.x = fmaf(a, b.x, acc.x);
-  acc.y = fmaf(a, b.y, acc.y);
-  acc.z = fmaf(a, b.z, acc.z);
-  acc.w = fmaf(a, b.w, acc.w);
-}
-
 // acc + a · b (dot product of four).
 __device__ __forceinline__ float dot4(float acc, const float4& a, const float4& b) {
   acc = fmaf(a.x, b.x, acc);
   acc = fmaf(a.y, b.y, acc);
   acc = fmaf(a.z, b.z, acc);
   return fmaf(a.w, b.w, acc);
-}
-
-// 16 bytes of T from global memory as floats; elements at or past `valid` read nothing
-// and become 0 (the ragged end of a head dim that is not a multiple of the chunk).
-template <class T>
-__device__ __forceinline__ void load_chunk(const T* src, int valid, float (&dst)[16 / sizeof(T)]) {
-  constexpr int kElems = 16 / int(sizeof(T));
-  if (valid >= kElems) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(src);
-    T elems[kElems];
-    memcpy(elems, &raw, sizeof(raw));
-#pragma unroll
-    for (int e = 0; e < kElems; ++e) dst[e] = to_float(elems[e]);
-  } else {
-#pragma unroll
-    for (int e = 0; e < kElems; ++e) dst[e] = e < valid ? to_float(src[e]) : 0.f;
-  }
 }
 
 // Copies kRows rows of global memory (row r at src + r·row_stride) into a swizzled
@@ -174,28 +141,6 @@ __device__ __forceinline__ void load_tile(float* tile, const T* src, int64_t row
     for (int e = 0; e < kElems; e += 4)
       *reinterpret_cast<float4*>(tile + r * kCols + ((c + e) ^ swz)) =
           make_float4(x[e], x[e + 1], x[e + 2], x[e + 3]);
-  }
-}
-
-// Four consecutive output elements; only the first `valid` are written when fewer than 4
-// remain in the head. The vector store is aligned: channels start at multiples of 4 and
-// rows at multiples of 16 bytes (the API's CUDA rule).
-template <class T>
-__device__ __forceinline__ void store4(T* dst, const float4& x, int valid) {
-  if (valid >= 4) {
-    if constexpr (std::is_same_v<T, float>) {
-      *reinterpret_cast<float4*>(dst) = x;
-    } else {
-      const T elems[4] = {from_float<T>(x.x), from_float<T>(x.y), from_float<T>(x.z),
-                          from_float<T>(x.w)};
-      uint2 bits;
-      memcpy(&bits, elems, sizeof(bits));
-      *reinterpret_cast<uint2*>(dst) = bits;
-    }
-  } else {
-#pragma unroll
-    for (int e = 0; e < 3; ++e)
-      if (e < valid) dst[e] = from_float<T>(comp(x, e));
   }
 }
 
@@ -538,30 +483,12 @@ std::string supports(const BwdParams& p) {
            std::to_string(p.head_dim) + " and " + std::to_string(p.head_dim_v);
   if (p.heads_q > 65535) return "heads_q must be <= 65535 (grid y)";
   if (p.batch > 65535) return "batch must be <= 65535 (grid z)";
-  int major = 0, smem_optin = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device_index) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index) !=
-          cudaSuccess) {
-    cudaGetLastError();  // the failed query is answered here, not by the next launch check
-    return "cannot query CUDA device " + std::to_string(p.device_index);
-  }
-  if (major < 8) return "needs compute capability 8.0 or newer";
-  if (smem_optin < smem_bytes(bucket))
-    return "needs " + std::to_string(smem_bytes(bucket)) + " bytes of shared memory per block at head dim " +
-           std::to_string(bucket) + "; device " + std::to_string(p.device_index) + " allows " +
-           std::to_string(smem_optin);
-  DeviceGuard guard(p.device_index);
-  cudaFuncAttributes attr;
-  const Status has_code = dispatch(p, [&]<class T, int kHeadDim>() -> Status {
-    return cuda_status(cudaFuncGetAttributes(&attr, fa2_simt_bwd_kernel<T, kHeadDim>),
-                       "cudaFuncGetAttributes", __FILE__, __LINE__);
+  const void* kernel = nullptr;
+  dispatch(p, [&]<class T, int kHeadDim>() -> Status {
+    kernel = reinterpret_cast<const void*>(&fa2_simt_bwd_kernel<T, kHeadDim>);
+    return {};
   });
-  if (!has_code.ok()) {
-    cudaGetLastError();
-    return "this build has no code for device " + std::to_string(p.device_index) +
-           "; add its arch to FLASHLAB_CUDA_ARCHS";
-  }
-  return "";
+  return device_supports(p.device_index, smem_bytes(bucket), kernel);
 }
 
 Status run(const BwdParams& p) {

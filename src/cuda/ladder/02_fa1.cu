@@ -338,19 +338,6 @@ Status launch(const FwdParams& p, const Workspace& ws, int splits) {
   return {};
 }
 
-// Calls f.template operator()<T, kHeadDim>() for p's dtype and head-dim bucket (both
-// already checked by supports()).
-template <class F>
-Status dispatch(const FwdParams& p, F&& f) {
-  return dispatch_dtype(p.dtype, [&]<class T>() -> Status {
-    switch (head_dim_bucket(p)) {
-      case 64: return f.template operator()<T, 64>();
-      case 128: return f.template operator()<T, 128>();
-      default: return f.template operator()<T, 256>();
-    }
-  });
-}
-
 std::string supports(const FwdParams& p) {
   if (p.device != Device::kCUDA) return "runs on CUDA tensors only";
   if (p.dtype == DType::kF64) return "fp64 is not supported (fp32, fp16, bf16 are)";

@@ -36,6 +36,19 @@ inline int head_dim_bucket(const FwdParams& p) {
   return d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0;
 }
 
+// Calls f.template operator()<T, kHeadDim>() for p's dtype and head-dim bucket (both
+// already checked by supports()).
+template <class F>
+Status dispatch(const FwdParams& p, F&& f) {
+  return dispatch_dtype(p.dtype, [&]<class T>() -> Status {
+    switch (head_dim_bucket(p)) {
+      case 64: return f.template operator()<T, 64>();
+      case 128: return f.template operator()<T, 128>();
+      default: return f.template operator()<T, 256>();
+    }
+  });
+}
+
 // ---- shared-memory tiles -----------------------------------------------------------------
 // Q and K are stored d-major (transposed: Qᵀ[d][row], Kᵀ[d][key]), so that the 4 rows and
 // the 4 keys of a thread are one float4 each at every channel d: S = Q Kᵀ is a sum of outer

@@ -531,6 +531,41 @@ std::vector<float> as_floats(const HostTensor& t) {
   return v;
 }
 
+// Where sequence b starts in the packed row numbering that padded and varlen inputs
+// share, and where LSE row (b, h, i) lives: the bookkeeping of both emulations below.
+struct Packing {
+  explicit Packing(const Problem& p)
+      : varlen(p.varlen()), heads_q(p.heads_q), seqlen_q(p.seqlen_q), total_q(p.total_q()),
+        start_q(size_t(p.batch) + 1, 0), start_k(size_t(p.batch) + 1, 0) {
+    for (int b = 0; b < p.batch; ++b) {
+      start_q[b + 1] = start_q[b] + (varlen ? p.lens_q[b] : p.seqlen_q);
+      start_k[b + 1] = start_k[b] + (varlen ? p.lens_k[b] : p.seqlen_k);
+    }
+  }
+  int64_t lse_index(int b, int h, int i) const {
+    if (varlen) return int64_t(h) * total_q + start_q[b] + i;
+    return (int64_t(b) * heads_q + h) * seqlen_q + i;
+  }
+  bool varlen;
+  int heads_q, seqlen_q;
+  int64_t total_q;
+  std::vector<int64_t> start_q, start_k;
+};
+
+// Outputs of the right sizes, zeroed (rows a sequence leaves unwritten stay 0).
+Results zero_results(const Problem& p, bool with_backward) {
+  const int64_t Tq = p.total_q(), Tk = p.total_k();
+  Results r;
+  r.out.assign(size_t(Tq * p.heads_q * p.head_dim_v), 0.0);
+  r.lse.assign(size_t(Tq * p.heads_q), 0.0);
+  if (with_backward) {
+    r.dq.assign(size_t(Tq * p.heads_q * p.head_dim), 0.0);
+    r.dk.assign(size_t(Tk * p.heads_kv * p.head_dim), 0.0);
+    r.dv.assign(size_t(Tk * p.heads_kv * p.head_dim_v), 0.0);
+  }
+  return r;
+}
+
 }  // namespace
 
 Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
@@ -544,7 +579,6 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
   const float cap = p.softcap;
   const int B = p.batch, Hq = p.heads_q, Hkv = p.heads_kv, G = Hq / Hkv;
   const int D = p.head_dim, Dv = p.head_dim_v;
-  const int64_t Tq = p.total_q(), Tk = p.total_k();
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
   std::vector<float> Qs = as_floats(in.q), Ks = as_floats(in.k);
@@ -552,24 +586,10 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
   for (float& x : Ks) x = rnd(x * k_mul);
   const std::vector<float> V = as_floats(in.v), dO = as_floats(in.dout);
   // Row r of sequence b, in the packed numbering both layouts share.
-  std::vector<int64_t> start_q(B + 1, 0), start_k(B + 1, 0);
-  for (int b = 0; b < B; ++b) {
-    start_q[b + 1] = start_q[b] + (p.varlen() ? p.lens_q[b] : p.seqlen_q);
-    start_k[b + 1] = start_k[b] + (p.varlen() ? p.lens_k[b] : p.seqlen_k);
-  }
-  auto lse_index = [&](int b, int h, int i) -> int64_t {
-    if (p.varlen()) return int64_t(h) * Tq + start_q[b] + i;
-    return (int64_t(b) * Hq + h) * p.seqlen_q + i;
-  };
-
-  Results r;
-  r.out.assign(size_t(Tq * Hq * Dv), 0.0);
-  r.lse.assign(size_t(Tq * Hq), 0.0);
-  if (with_backward) {
-    r.dq.assign(size_t(Tq * Hq * D), 0.0);
-    r.dk.assign(size_t(Tk * Hkv * D), 0.0);
-    r.dv.assign(size_t(Tk * Hkv * Dv), 0.0);
-  }
+  const Packing pk(p);
+  const std::vector<int64_t>&start_q = pk.start_q, &start_k = pk.start_k;
+  auto lse_index = [&](int b, int h, int i) { return pk.lse_index(b, h, i); };
+  Results r = zero_results(p, with_backward);
 
   const int tasks = B * Hkv;
 #pragma omp parallel for schedule(dynamic, 1)
@@ -678,29 +698,14 @@ Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward
   const float scale = scale_of(p);
   const int B = p.batch, Hq = p.heads_q, Hkv = p.heads_kv, G = Hq / Hkv;
   const int D = p.head_dim, Dv = p.head_dim_v;
-  const int64_t Tq = p.total_q(), Tk = p.total_k();
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
   const std::vector<float> Q = as_floats(in.q), K = as_floats(in.k), V = as_floats(in.v),
                            dO = as_floats(in.dout);
-  std::vector<int64_t> start_q(B + 1, 0), start_k(B + 1, 0);
-  for (int b = 0; b < B; ++b) {
-    start_q[b + 1] = start_q[b] + (p.varlen() ? p.lens_q[b] : p.seqlen_q);
-    start_k[b + 1] = start_k[b] + (p.varlen() ? p.lens_k[b] : p.seqlen_k);
-  }
-  auto lse_index = [&](int b, int h, int i) -> int64_t {
-    if (p.varlen()) return int64_t(h) * Tq + start_q[b] + i;
-    return (int64_t(b) * Hq + h) * p.seqlen_q + i;
-  };
-
-  Results r;
-  r.out.assign(size_t(Tq * Hq * Dv), 0.0);
-  r.lse.assign(size_t(Tq * Hq), 0.0);
-  if (with_backward) {
-    r.dq.assign(size_t(Tq * Hq * D), 0.0);
-    r.dk.assign(size_t(Tk * Hkv * D), 0.0);
-    r.dv.assign(size_t(Tk * Hkv * Dv), 0.0);
-  }
+  const Packing pk(p);
+  const std::vector<int64_t>&start_q = pk.start_q, &start_k = pk.start_k;
+  auto lse_index = [&](int b, int h, int i) { return pk.lse_index(b, h, i); };
+  Results r = zero_results(p, with_backward);
 
   const int tasks = B * Hkv;
 #pragma omp parallel for schedule(dynamic, 1)

@@ -463,6 +463,21 @@ void mask_transposed(float* St, int n, int mc, int j0, const int* kb, const int*
 
 // ---- forward ----------------------------------------------------------------------------
 
+// Keys [j0, j0 + n) of the block's K and V heads into K [n, Dp] and V [n, Dvp] (fp32),
+// and a prefetch of the next block's rows (up to key je) while this one is computed.
+void load_kv_block(const AttnParams& p, const QBlock& q, int j0, int n, int je, float* K, float* V) {
+  const int D = p.head_dim, Dv = p.head_dim_v, Dp = padded(D), Dvp = padded(Dv);
+  const int64_t k_first = at(p.k_batch_stride, p.k_row_stride, p.k_head_stride, q.b, q.sb.start_k, 0, q.hk);
+  const int64_t v_first = at(p.v_batch_stride, p.v_row_stride, p.v_head_stride, q.b, q.sb.start_k, 0, q.hk);
+  for (int j = 0; j < n; ++j) {
+    load_row(p.k, p.dtype, k_first + int64_t(j0 + j) * p.k_row_stride, D, 1.f, K + int64_t(j) * Dp);
+    load_row(p.v, p.dtype, v_first + int64_t(j0 + j) * p.v_row_stride, Dv, 1.f, V + int64_t(j) * Dvp);
+  }
+  const int next = std::min(kBlockN, je - j0 - n);
+  prefetch_rows(p.k, p.dtype, k_first + int64_t(j0 + n) * p.k_row_stride, p.k_row_stride, next, D);
+  prefetch_rows(p.v, p.dtype, v_first + int64_t(j0 + n) * p.v_row_stride, p.v_row_stride, next, Dv);
+}
+
 void fwd_block(const FwdParams& p, const QTiles& w, const QBlock& q) {
   const int D = p.head_dim, Dv = p.head_dim_v, Dp = padded(D), Dvp = padded(Dv);
   const int lq = q.sb.len_q, lk = q.sb.len_k;
@@ -485,17 +500,9 @@ void fwd_block(const FwdParams& p, const QTiles& w, const QBlock& q) {
 
   const int jb = p.mask.block_key_begin(q.i0, q.i0 + q.m, lq, lk);
   const int je = p.mask.block_key_end(q.i0, q.i0 + q.m, lq, lk);
-  const int64_t k_first = at(p.k_batch_stride, p.k_row_stride, p.k_head_stride, q.b, q.sb.start_k, 0, q.hk);
-  const int64_t v_first = at(p.v_batch_stride, p.v_row_stride, p.v_head_stride, q.b, q.sb.start_k, 0, q.hk);
   for (int j0 = jb; j0 < je; j0 += kBlockN) {
     const int n = std::min(kBlockN, je - j0);
-    for (int j = 0; j < n; ++j) {
-      load_row(p.k, p.dtype, k_first + int64_t(j0 + j) * p.k_row_stride, D, 1.f, w.K + int64_t(j) * Dp);
-      load_row(p.v, p.dtype, v_first + int64_t(j0 + j) * p.v_row_stride, Dv, 1.f, w.V + int64_t(j) * Dvp);
-    }
-    const int next = std::min(kBlockN, je - j0 - n);
-    prefetch_rows(p.k, p.dtype, k_first + int64_t(j0 + n) * p.k_row_stride, p.k_row_stride, next, D);
-    prefetch_rows(p.v, p.dtype, v_first + int64_t(j0 + n) * p.v_row_stride, p.v_row_stride, next, Dv);
+    load_kv_block(p, q, j0, n, je, w.K, w.V);
     // Sᵀ[j][i] = k_j · q_i: the K block is A, Qᵀ is B.
     gemm<false, false>(n, q.mc, D, w.K, Dp, w.Qt, kBlockM, w.St, kBlockM);
     if (capped) softcap_tile(p.mask, w.St, n, q.mc, kBlockM);
@@ -746,17 +753,9 @@ void dq_block(const BwdParams& p, const QTiles& w, const QBlock& q) {
 
   const int jb = p.mask.block_key_begin(q.i0, q.i0 + q.m, lq, lk);
   const int je = p.mask.block_key_end(q.i0, q.i0 + q.m, lq, lk);
-  const int64_t k_first = at(p.k_batch_stride, p.k_row_stride, p.k_head_stride, q.b, q.sb.start_k, 0, q.hk);
-  const int64_t v_first = at(p.v_batch_stride, p.v_row_stride, p.v_head_stride, q.b, q.sb.start_k, 0, q.hk);
   for (int j0 = jb; j0 < je; j0 += kBlockN) {
     const int n = std::min(kBlockN, je - j0);
-    for (int j = 0; j < n; ++j) {
-      load_row(p.k, p.dtype, k_first + int64_t(j0 + j) * p.k_row_stride, D, 1.f, w.K + int64_t(j) * Dp);
-      load_row(p.v, p.dtype, v_first + int64_t(j0 + j) * p.v_row_stride, Dv, 1.f, w.V + int64_t(j) * Dvp);
-    }
-    const int next = std::min(kBlockN, je - j0 - n);
-    prefetch_rows(p.k, p.dtype, k_first + int64_t(j0 + n) * p.k_row_stride, p.k_row_stride, next, D);
-    prefetch_rows(p.v, p.dtype, v_first + int64_t(j0 + n) * p.v_row_stride, p.v_row_stride, next, Dv);
+    load_kv_block(p, q, j0, n, je, w.K, w.V);
     // Sᵀ = K Qᵀ [n, mc] and dPᵀ = V dOᵀ [n, mc].
     gemm<false, false>(n, q.mc, D, w.K, Dp, w.Qt, kBlockM, w.St, kBlockM);
     gemm<false, false>(n, q.mc, Dv, w.V, Dvp, w.dOt, kBlockM, w.dPt, kBlockM);

@@ -121,6 +121,18 @@ def _torch():
     return ops
 
 
+def _attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window_size, softcap,
+               deterministic, kernel):
+    """(out, lse) through the torch custom op (autograd) or, for other arrays, directly."""
+    if _is_torch(q):
+        return _torch().attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
+                                  _window(window_size), softcap, deterministic, kernel)
+    opts = _options(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                    softcap=softcap, kernel=kernel, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                    max_seqlen_q=max_q, max_seqlen_k=max_k)
+    return _numpy_forward(q, k, v, opts)
+
+
 def flash_attn_func(
     q,
     k,
@@ -142,13 +154,8 @@ def flash_attn_func(
     softmax_lse is fp32 [B, Hq, Sq]. `kernel` names a registry entry (see kernels()).
     """
     _check_unsupported(dropout_p, alibi_slopes)
-    if _is_torch(q):
-        out, lse = _torch().attention(q, k, v, None, None, 0, 0, softmax_scale, causal,
-                                      _window(window_size), softcap, deterministic, kernel)
-    else:
-        opts = _options(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                        softcap=softcap, kernel=kernel)
-        out, lse = _numpy_forward(q, k, v, opts)
+    out, lse = _attention(q, k, v, None, None, 0, 0, softmax_scale, causal, window_size,
+                          softcap, deterministic, kernel)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -200,14 +207,6 @@ def flash_attn_varlen_func(
     _check_unsupported(dropout_p, alibi_slopes)
     if block_table is not None:
         raise ValueError("block_table: paged KV is not supported by this build")
-    if _is_torch(q):
-        out, lse = _torch().attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                      max_seqlen_k, softmax_scale, causal, _window(window_size),
-                                      softcap, deterministic, kernel)
-    else:
-        opts = _options(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                        softcap=softcap, kernel=kernel, cu_seqlens_q=cu_seqlens_q,
-                        cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                        max_seqlen_k=max_seqlen_k)
-        out, lse = _numpy_forward(q, k, v, opts)
+    out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          softmax_scale, causal, window_size, softcap, deterministic, kernel)
     return (out, lse, None) if return_attn_probs else out

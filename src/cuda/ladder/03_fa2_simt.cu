@@ -261,7 +261,7 @@ KernelEntry fa2_simt_entry() {
             "in registers, lazy rescaling, exp2, masked tiles skipped; fp32/fp16/bf16, head "
             "dims <= 256, every mask, GQA, varlen; forward only",
             true, false};
-  e.auto_priority = 0;  // a teaching rung: only run when named
+  e.auto_priority = 20;  // auto's GPU fallback: fp32 and head dims fa2_mma does not cover
   e.supports_fwd = cuda::supports;
   e.run_fwd = cuda::run;
   return e;

@@ -514,7 +514,7 @@ KernelEntry fa2_simt_bwd_entry() {
             "main loop recomputing P from LSE, dQ through fp32 atomics, dK/dV written once; "
             "fp32/fp16/bf16, head dims <= 128, every mask, GQA, varlen; backward only",
             false, true};
-  e.auto_priority = 0;  // a teaching rung: only run when named
+  e.auto_priority = 20;  // auto's GPU backward until the production (CuTe) kernels land
   e.supports_bwd = cuda::supports;
   e.workspace_bwd = cuda::workspace;
   e.run_bwd = cuda::run;

@@ -61,6 +61,8 @@ fi
 if [ "$bench" = 1 ]; then
   step "bench (default GPU)" bench.log "$bin/flashlab" bench "${bench_extra[@]}"
   step "bench --ladder" ladder.log "$bin/flashlab" bench --ladder "${bench_extra[@]}"
+  step "bench --backward" backward.log "$bin/flashlab" bench --backward "${bench_extra[@]}"
+  step "bench --backward --causal" backward.log "$bin/flashlab" bench --backward --causal "${bench_extra[@]}"
 fi
 
 echo

@@ -159,23 +159,32 @@ void check_backward(std::string_view kernel, const Case& c, PlacementFactory mak
   const Results lowp = run_lowp(p, in, true);
   if (oracle.dq.size() != size_t(p.total_q() * p.heads_q * p.head_dim)) return;  // reported
 
-  // The forward of record, as in training: the kernel's own forward when it has one that
-  // takes this call, else the oracle's outputs rounded to the dtype.
+  // The forward of record, as in training: the kernel's own forward when it takes this
+  // call, else what "auto" runs on the same device (a backward-only kernel's partner),
+  // else the oracle's outputs rounded to the dtype. The backward must cancel the error of
+  // a real forward's LSE against its own recomputed scores; the oracle's fp64 LSE would
+  // not let it (a peaked softmax then amplifies the score error).
   ForwardArgs fa = forward_args(p, a.q, a.k, a.v, a.out, a.lse, a.maybe_cu_seqlens_q,
                                 a.maybe_cu_seqlens_k);
-  fa.kernel = kernel;
   fa.stream = a.stream;
   const KernelInfo* info = find_kernel(kernel);
   std::string fwd_name;
-  if (info && info->has_forward && select_kernel(fa, &fwd_name).ok()) {
-    SCOPED_TRACE("the kernel's own forward, as the backward's input");
+  fa.kernel = kernel;
+  bool have_forward = info && info->has_forward && select_kernel(fa, &fwd_name).ok();
+  if (!have_forward) {
+    fa.kernel = "auto";
+    have_forward = select_kernel(fa, &fwd_name).ok();
+  }
+  if (have_forward) {
+    SCOPED_TRACE("forward of record: " + fwd_name);
     if (!give_workspace(&fa, *where)) return;
     const Status s = forward(fa);
-    EXPECT_TRUE(status_is(s, StatusCode::kOk)) << "forward of record";
+    EXPECT_TRUE(status_is(s, StatusCode::kOk)) << "forward of record (" << fwd_name << ")";
     if (!s.ok() || !fetch_all(*where, {&out, &lse})) return;
   } else {
     std::cout << "  (" << kernel << " backward, case '" << c.name
-              << "': it has no forward for this call; the oracle's out and lse are its input)"
+              << "': no forward on this device takes the call; the oracle's out and lse are "
+                 "its input)"
               << std::endl;
     out.assign(oracle.out);
     lse.assign(oracle.lse);

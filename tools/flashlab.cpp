@@ -94,7 +94,8 @@ defaults (--device auto picks the GPU when one is visible, else the CPU):
   CPU   batch 1, heads 8, seqlen 4096, head dim 128, fp32, no mask;
         kernels cpu_reference (the baseline, ~1 min) then cpu_flash
   CUDA  batch 4, heads 16, seqlen 4096, head dim 128, bf16, no mask;
-        every CUDA kernel in registry order (the first that runs is the baseline)
+        every CUDA kernel with the pass being timed (forward, or with --backward the
+        backward), in registry order; the first that runs is the baseline
 
 problem:
   --batch N          batch size
@@ -400,11 +401,15 @@ Problem make_problem(const BenchFlags& f, Device device) {
   return p;
 }
 
+// The named kernels, else every kernel of the device that has the pass being timed (a
+// named kernel without it gets a row saying so).
 std::vector<std::string> kernels_for(const BenchFlags& f, Device device) {
   if (!f.kernels.empty()) return f.kernels;
   std::vector<std::string> names;
   for (const flashlab::KernelInfo& k : flashlab::kernels())
-    if (is_cpu_kernel(k) == (device == Device::kCPU)) names.emplace_back(k.name);
+    if (is_cpu_kernel(k) == (device == Device::kCPU) &&
+        (f.backward ? k.has_backward : k.has_forward))
+      names.emplace_back(k.name);
   return names;
 }
 

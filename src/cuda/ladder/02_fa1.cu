@@ -35,7 +35,10 @@
 //   and a warp owns 8 rows (its two row groups) that no other warp touches: P goes through
 //   shared memory between the two products with only a warp barrier.
 //
-// Measured on H100: see docs/ladder/02-fa1.md.
+// Measured on H100 (2026-11-22, batch 4, heads 16, seqlen 4096, head dim 128, bf16):
+// 24.3 ms, 22.7 TFLOP/s (causal 22.2), 24.7x naive, 130 MiB of workspace (O(seqlen)); ncu:
+// 11.9 GB read and 8.3 GB written in HBM, the running O, ℓ, m round trips.
+// docs/ladder/02-fa1.md.
 #include <cuda_runtime.h>
 
 #include <algorithm>

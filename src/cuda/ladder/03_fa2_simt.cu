@@ -24,7 +24,10 @@
 //   and a warp owns 8 rows (its two row groups) that no other warp touches: P goes through
 //   shared memory between the two products with only a warp barrier.
 //
-// Measured on H100: see docs/ladder/03-fa2-simt.md.
+// Measured on H100 (2026-11-22, batch 4, heads 16, seqlen 4096, head dim 128, bf16):
+// 16.6 ms, 33.2 TFLOP/s (causal 31.3, 1.89x faster per call), 1.46x fa1, 0 B of workspace;
+// ncu: HBM traffic down to 0.20 GB read / 0.06 GB written, FMA pipe 54 % busy.
+// docs/ladder/03-fa2-simt.md.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -24,7 +24,10 @@
 // long as the fragments arrive fast enough (ldmatrix, no bank conflicts) and global loads
 // overlap the math (cp.async double buffering).
 //
-// Measured on H100: see docs/ladder/04-fa2-mma.md.
+// Measured on H100 (2026-11-22, batch 4, heads 16, seqlen 4096, head dim 128, bf16):
+// 1.77 ms, 310 TFLOP/s (causal 279 TFLOP/s, 1.80x faster per call), 9.35x fa2_simt; head
+// dim 64: 273 TFLOP/s. ncu: HMMA pipe 48.8 % busy, 12.5 % of warps active, ~1.4 k smem
+// bank conflicts (fa2_simt: ~295 k). docs/ladder/04-fa2-mma.md.
 #include <cuda_runtime.h>
 
 #include <cmath>

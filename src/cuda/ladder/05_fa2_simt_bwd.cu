@@ -30,7 +30,11 @@
 // for 64 FMAs). dV, dK and dQ reduce over rows or keys, which index the tiles' rows: each
 // step is an outer product of a float4 of P or dS and float4s of dO, Q or K.
 //
-// Measured on H100: see docs/ladder/05-fa2-simt-bwd.md.
+// Measured on H100 (2026-11-22, `flashlab bench --backward`, batch 4, heads 16, seqlen
+// 4096, head dim 128, bf16): 52.2 ms, 26.3 TFLOP/s (causal 25.7), 129 MiB of workspace;
+// ~0.09x PyTorch SDPA's FA2 tensor-core backward. ncu: the main kernel is 99.7 % of the
+// time, FMA pipe 42.6 % busy, 1.61 G L2 reduction sectors of dQ atomics.
+// docs/ladder/05-fa2-simt-bwd.md.
 #include <cuda_runtime.h>
 
 #include <algorithm>

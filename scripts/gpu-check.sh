@@ -3,14 +3,18 @@
 # test (CPU and GPU), the GPU suite under compute-sanitizer, and the benchmarks; print a
 # summary table last. Full logs go to $OUT (or ./gpu-check-logs when OUT is unset).
 #
-#   scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--filter GTEST_FILTER] [-- extra bench flags]
+#   scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--no-python] [--filter GTEST_FILTER]
+#                        [-- extra bench flags]
+#
+# The Python steps (when python3 has torch and nanobind): build the extension with
+# scripts/py-build.sh, run pytest on tests/python, and `python -m flashlab.bench --quick`.
 #
 # CUTLASS headers: the build finds them through -DCUTLASS_DIR; on a machine without network,
 # carry them in .cutlass/include (an ignored folder) and this script points the build there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-sanitize=1 bench=1 filter='*Gpu*'
+sanitize=1 bench=1 python=1 filter='*Gpu*'
 # The reduced case set the sanitizers run (FLASHLAB_TEST_CASES: name substrings).
 sanitizer_cases='bf16_hdim64_basic,fp16_hdim128_causal,bf16_hdim64_sq_gt_sk_causal_masked_rows,fp16_hdim128_gqa8to1,bf16_hdim128_window_32_8,fp16_hdim64_varlen_zero_lengths,bf16_hdim128_padded_strides,fp32_hdim64_seqlen127'
 bench_extra=()
@@ -18,6 +22,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --no-sanitizer) sanitize=0 ;;
     --no-bench) bench=0 ;;
+    --no-python) python=0 ;;
     --filter) filter="$2"; shift ;;
     --) shift; bench_extra=("$@"); break ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
@@ -25,7 +30,10 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-logs="${OUT:-$PWD/gpu-check-logs}"
+# Under the device tool's $OUT (which returns at most 8 files) the logs are packed into one
+# gpu-check-logs.tar.gz at the end.
+logs="${OUT:+$OUT/gpu-check}"
+logs="${logs:-$PWD/gpu-check-logs}"
 mkdir -p "$logs"
 declare -a rows=()
 failed=0
@@ -65,8 +73,23 @@ if [ "$bench" = 1 ]; then
   step "bench --backward --causal" backward.log "$bin/flashlab" bench --backward --causal "${bench_extra[@]}"
 fi
 
+if [ "$python" = 1 ] && python3 -c 'import torch, nanobind' 2>/dev/null; then
+  pybuild=build/py-hopper
+  step "python: build" python.log env FLASHLAB_CUDA=ON FLASHLAB_CUDA_ARCHS=90a \
+    ${cutlass_flag:+CUTLASS_DIR="$PWD/.cutlass/include"} scripts/py-build.sh "$pybuild"
+  export PYTHONPATH="$PWD/$pybuild/python${PYTHONPATH:+:$PYTHONPATH}"
+  step "python: pytest" pytest.log python3 -m pytest tests/python -q -rs
+  if [ "$bench" = 1 ]; then
+    step "python: bench --quick" pybench.log python3 -m flashlab.bench --quick --out "$logs/pybench"
+  fi
+fi
+
 echo
 echo "== summary ($(head -n1 "$logs/gpu.txt"))"
 printf '%-28s %-6s %6s  %s\n' step result time log
 printf '%s\n' "${rows[@]}"
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/gpu-check-logs.tar.gz" -C "$logs" . && rm -rf "$logs"
+  echo "logs: gpu-check-logs.tar.gz"
+fi
 exit $failed

@@ -198,6 +198,24 @@ inline float exp2_fast(float x) {
   return poly * std::bit_cast<float>(uint32_t(n + 127) << 23);
 }
 
+// tanh(u), branch-free so that loops calling it vectorize (std::tanh does not, and made
+// softcapped calls ~2.7x slower than plain ones). |u| < 1/4: the odd Taylor series to u^9,
+// whose truncation (1382/155925)·u^11 is below 2.1e-9; elsewhere 1 − 2/(e^(2|u|) + 1),
+// whose cancellation costs at most ~2 ulp at |u| = 1/4 and nothing as |u| grows (exp2_fast
+// clamps at 2^127, giving exactly ±1). Both are computed and one is blended in.
+inline float tanh_fast(float u) {
+  const float a = std::fabs(u), a2 = a * a;
+  const float series =
+      a * (1.f + a2 * (-1.f / 3 + a2 * (2.f / 15 + a2 * (-17.f / 315 + a2 * (62.f / 2835)))));
+  const float exact = 1.f - 2.f / (exp2_fast(a * (2 * kLog2e)) + 1.f);
+  return std::copysign(blend(a < 0.25f, series, exact), u);
+}
+
+// MaskPolicy::logit with softcap on, through tanh_fast: cap · tanh(s / cap).
+inline float capped_logit(const MaskPolicy& mask, float s) {
+  return mask.softcap * tanh_fast(s / mask.softcap);
+}
+
 // ---- GEMM micro-kernel ------------------------------------------------------------------
 
 // C[r][0..kMicroCols) (+)= Σ_k A(r, k) · B[k][0..kMicroCols) for r < R, where
@@ -443,12 +461,13 @@ void zero_columns(float* X, int rows, int64_t ld, int from, int to) {
     for (int c = from; c < to; ++c) X[r * ld + c] = 0.f;
 }
 
-// Softcap on a tile of natural-unit logits: t = logit(s), then to base 2. It goes through
-// MaskPolicy::logit, whose tanhf the compiler does not vectorize, so softcapped calls run
-// at about 40% of the speed of plain ones.
+// Softcap on a tile of natural-unit logits: t = logit(s), then to base 2.
 void softcap_tile(const MaskPolicy& mask, float* X, int rows, int cols, int64_t ld) {
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) X[r * ld + c] = mask.logit(X[r * ld + c]) * kLog2e;
+  for (int r = 0; r < rows; ++r) {
+    float* x = X + r * ld;
+#pragma omp simd
+    for (int c = 0; c < cols; ++c) x[c] = capped_logit(mask, x[c]) * kLog2e;
+  }
 }
 
 // Sets the disallowed (key row j, query column i) entries of a Sᵀ tile to −inf.
@@ -612,7 +631,7 @@ void p_and_ds(const BwdParams& p, float* X, float* Y, int rows, int cols, int64_
       const int qi = kQueryIsColumn ? c : r;
       float s = x[c], g = scale;
       if constexpr (kCapped) {
-        const float t = mask.logit(s);
+        const float t = capped_logit(mask, s);
         g = mask.dlogit(t) * scale;
         s = t * kLog2e;
       }

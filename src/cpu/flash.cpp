@@ -631,9 +631,11 @@ void p_and_ds(const BwdParams& p, float* X, float* Y, int rows, int cols, int64_
       const int qi = kQueryIsColumn ? c : r;
       float s = x[c], g = scale;
       if constexpr (kCapped) {
-        const float t = capped_logit(mask, s);
-        g = mask.dlogit(t) * scale;
-        s = t * kLog2e;
+        // MaskPolicy's logit and dlogit, written out: its dlogit branches on softcap > 0,
+        // and a branch stops this loop from vectorizing.
+        const float th = tanh_fast(s / mask.softcap);
+        g = (1.f - th * th) * scale;
+        s = mask.softcap * th * kLog2e;
       }
       float pr = exp2_fast(s - lse2[qi]);
       if constexpr (kMasked) pr = blend(valid(r, c), pr, 0.f);

@@ -79,7 +79,7 @@ if [ "$python" = 1 ] && python3 -c 'import torch, nanobind' 2>/dev/null; then
     ${cutlass_flag:+CUTLASS_DIR="$PWD/.cutlass/include"} scripts/py-build.sh "$pybuild"
   export PYTHONPATH="$PWD/$pybuild/python${PYTHONPATH:+:$PYTHONPATH}"
   step "python: pytest" pytest.log python3 -m pytest tests/python -q -rs
-  if [ "$bench" = 1 ]; then
+  if [ "$bench" = 1 ] && [ -f python/flashlab/bench.py ]; then
     step "python: bench --quick" pybench.log python3 -m flashlab.bench --quick --out "$logs/pybench"
   fi
 fi

@@ -8,6 +8,7 @@ Every bad input raises ValueError or TypeError carrying the C++ Status message.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional, Sequence, Tuple
 
 from . import _flashlab
@@ -107,18 +108,23 @@ def attention_backward(q, k, v, out, dout, lse, *, softmax_scale=None, causal=Fa
 
 # ---- PyTorch: a torch.library custom op with a fake implementation, and autograd ---------
 
-_torch_ops = None
+_ops = None
 
 
 def _torch():
-    """Registers the custom ops on first use (importing flashlab never imports torch)."""
-    global _torch_ops
-    if _torch_ops is not None:
-        return _torch_ops
-    from . import _torch_ops as ops
+    """The torch custom ops. Importing flashlab never imports torch: the ops are registered
+    here at import when torch is already loaded (so that torch.compile never has to trace an
+    import), else on the first call with a torch tensor."""
+    global _ops
+    if _ops is None:
+        from . import _torch_ops as ops
 
-    _torch_ops = ops
-    return ops
+        _ops = ops
+    return _ops
+
+
+if "torch" in sys.modules:
+    _torch()
 
 
 def _attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window_size, softcap,
@@ -127,6 +133,10 @@ def _attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window_
     if _is_torch(q):
         return _torch().attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
                                   _window(window_size), softcap, deterministic, kernel)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "__dlpack__"):
+            raise TypeError(f"{name} must be an array supporting DLPack (torch, numpy, ...), "
+                            f"got {type(x).__name__}")
     opts = _options(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                     softcap=softcap, kernel=kernel, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                     max_seqlen_q=max_q, max_seqlen_k=max_k)
@@ -151,7 +161,8 @@ def flash_attn_func(
     """FlashAttention-2's flash_attn_func: q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D].
 
     Returns out [B, Sq, Hq, Dv]; with return_attn_probs, (out, softmax_lse, None) where
-    softmax_lse is fp32 [B, Hq, Sq]. `kernel` names a registry entry (see kernels()).
+    softmax_lse is fp32 [B, Hq, Sq]. `kernel` names a registry entry (see kernels()) for the
+    forward, and for the backward when it has one ("auto" picks the backward otherwise).
     """
     _check_unsupported(dropout_p, alibi_slopes)
     out, lse = _attention(q, k, v, None, None, 0, 0, softmax_scale, causal, window_size,

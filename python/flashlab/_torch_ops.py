@@ -88,11 +88,19 @@ def _setup_context(ctx, inputs, output):
     ctx.args = (max_q, max_k, scale, causal, wl, wr, softcap, det, kernel)
 
 
+def _backward_kernel(kernel: str) -> str:
+    """The kernel named for the forward when it has a backward pass, else "auto"."""
+    for k in _flashlab.kernels():
+        if k["name"] == kernel and not k["backward"]:
+            return "auto"
+    return kernel
+
+
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     max_q, max_k, scale, causal, wl, wr, softcap, det, kernel = ctx.args
     dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr,
-                     softcap, det, kernel)
+                     softcap, det, _backward_kernel(kernel))
     return (dq, dk, dv) + (None,) * 11
 
 

@@ -1,0 +1,123 @@
+"""The fp64 attention oracle of the Python tests (NumPy), with FlashLab's conventions:
+causal aligned bottom-right, sliding window (left, right) with -1 unbounded, softcap
+cap·tanh(s/cap) before masking, GQA, and a row that sees no key giving 0 and LSE −inf.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+
+def allowed(sq: int, sk: int, causal: bool, window: Sequence[int]) -> np.ndarray:
+    """[sq, sk] mask: query i sees keys d − left … d + right, d = i + sk − sq."""
+    left, right = window
+    if causal:
+        right = 0
+    i = np.arange(sq)[:, None]
+    j = np.arange(sk)[None, :]
+    d = i + sk - sq
+    ok = np.ones((sq, sk), dtype=bool)
+    if left >= 0:
+        ok &= j >= d - left
+    if right >= 0:
+        ok &= j <= d + right
+    return ok
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: Optional[float] = None,
+              causal: bool = False, window: Sequence[int] = (-1, -1), softcap: float = 0.0
+              ) -> Tuple[np.ndarray, np.ndarray]:
+    """q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D*] → out [B, Sq, Hq, Dv] and lse [B, Hq, Sq], fp64."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    rep = hq // hkv
+    kk = np.repeat(k, rep, axis=2)
+    vv = np.repeat(v, rep, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    if softcap > 0:
+        s = softcap * np.tanh(s / softcap)
+    ok = allowed(sq, sk, causal, window)
+    s = np.where(ok[None, None], s, -np.inf)
+    m = s.max(axis=-1, keepdims=True, initial=-np.inf)
+    msafe = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - msafe)
+    l = p.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(l > 0, np.einsum("bhqk,bkhd->bhqd", p, vv) / l, 0.0)
+        lse = np.where(l[..., 0] > 0, msafe[..., 0] + np.log(l[..., 0]), -np.inf)
+    return out.transpose(0, 2, 1, 3), lse
+
+
+def varlen_attention(q, k, v, cu_q, cu_k, **kw) -> Tuple[np.ndarray, np.ndarray]:
+    """Packed q [Tq, Hq, D], k/v [Tk, Hkv, D*] → out [Tq, Hq, Dv], lse [Hq, Tq]."""
+    out = np.zeros(q.shape[:-1] + (v.shape[-1],))
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+        if q1 == q0:
+            continue
+        o, l = attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], **kw)
+        out[q0:q1] = o[0]
+        lse[:, q0:q1] = l[0]
+    return out, lse
+
+
+def lowp_attention(q, k, v, *, scale=None, causal=False, window=(-1, -1), softcap=0.0):
+    """The yardstick of DESIGN.md's rule for fp16 inputs: PyTorch's math path rounding points
+    (S and P rounded to the input dtype, fp32 softmax), computed with NumPy float16."""
+    f16 = np.float16
+    q, k, v = (np.asarray(x, dtype=f16) for x in (q, k, v))
+    b, sq, hq, d = q.shape
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    rep = hq // k.shape[2]
+    kk = np.repeat(k, rep, axis=2).astype(np.float32)
+    vv = np.repeat(v, rep, axis=2).astype(np.float32)
+    s = (np.einsum("bqhd,bkhd->bhqk", q.astype(np.float32), kk) * np.float32(scale)).astype(f16)
+    s = s.astype(np.float32)
+    if softcap > 0:
+        s = (np.float32(softcap) * np.tanh(s / np.float32(softcap))).astype(f16).astype(np.float32)
+    ok = allowed(sq, k.shape[1], causal, window)
+    s = np.where(ok[None, None], s, -np.inf)
+    m = s.max(axis=-1, keepdims=True, initial=-np.inf)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    l = p.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(l > 0, p / l, 0.0).astype(f16).astype(np.float32)
+    out = np.einsum("bhqk,bkhd->bhqd", p, vv).astype(f16)
+    return out.transpose(0, 2, 1, 3)
+
+
+def attention_backward(q, k, v, dout, *, scale=None, causal=False, window=(-1, -1),
+                       softcap=0.0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """fp64 gradients (dq, dk, dv) of sum(out ∘ dout) for the dense layout."""
+    q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    rep = hq // hkv
+    kk = np.repeat(k, rep, axis=2)
+    vv = np.repeat(v, rep, axis=2)
+    raw = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    s = softcap * np.tanh(raw / softcap) if softcap > 0 else raw
+    ok = allowed(sq, sk, causal, window)[None, None]
+    s = np.where(ok, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True, initial=-np.inf)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    l = p.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(l > 0, p / l, 0.0)
+    do = dout.transpose(0, 2, 1, 3)  # [B, H, Sq, Dv]
+    dvv = np.einsum("bhqk,bhqd->bkhd", p, do)
+    dp = np.einsum("bhqd,bkhd->bhqk", do, vv)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    if softcap > 0:
+        ds = ds * (1.0 - np.tanh(raw / softcap) ** 2)
+    ds *= scale
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, kk)
+    dkk = np.einsum("bhqk,bqhd->bkhd", ds, q)
+    fold = lambda g: g.reshape(g.shape[0], g.shape[1], hkv, rep, g.shape[-1]).sum(axis=3)
+    return dq, fold(dkk), fold(dvv)

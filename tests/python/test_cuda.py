@@ -62,8 +62,11 @@ def make(shape, dtype, grad=True):
     return torch.randn(shape, device="cuda", dtype=dtype).requires_grad_(grad)
 
 
-def run_and_check(q, k, v, grads=True, kernel="auto", **mask):
-    out, lse, _ = flashlab.flash_attn_func(q, k, v, return_attn_probs=True, kernel=kernel, **mask)
+def run_and_check(q, k, v, grads=True, kernel="auto", causal=False, window=(-1, -1),
+                  softcap=0.0):
+    mask = dict(causal=causal, window=window, softcap=softcap)
+    out, lse, _ = flashlab.flash_attn_func(q, k, v, causal=causal, window_size=window,
+                                           softcap=softcap, return_attn_probs=True, kernel=kernel)
     oracle = attention(q.detach(), k.detach(), v.detach(), dtype=torch.float64, **mask)
     lowp = attention(q.detach(), k.detach(), v.detach(), **mask)
     assert out.dtype == q.dtype and out.is_cuda and lse.dtype == torch.float32
@@ -100,9 +103,7 @@ def test_values_and_gradients(case, dtype, d):
     dt = getattr(torch, dtype)
     q = make((c["b"], c["sq"], c["hq"], d), dt)
     k, v = make((c["b"], c["sk"], c["hkv"], d), dt), make((c["b"], c["sk"], c["hkv"], d), dt)
-    mask = dict(c["mask"])
-    window = mask.pop("window", (-1, -1))
-    run_and_check(q, k, v, window=window, **mask)
+    run_and_check(q, k, v, **c["mask"])
 
 
 @pytest.mark.parametrize("kernel", [k["name"] for k in flashlab.kernels()

@@ -8,21 +8,27 @@ Every bad input raises ValueError or TypeError carrying the C++ Status message.
 
 from __future__ import annotations
 
+import functools
 import sys
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _flashlab
+
+# Any array with __dlpack__: torch.Tensor (autograd, torch.compile) or numpy.ndarray.
+Array = Any
+Output = Union[Array, Tuple[Array, Array, None]]
 
 __all__ = [
     "flash_attn_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "attention_backward",
     "kernels",
     "cuda_available",
 ]
 
 
-def kernels() -> list[dict]:
+def kernels() -> list[dict[str, Any]]:
     """The registry: one dict per kernel (name, arch, summary, forward, backward)."""
     return _flashlab.kernels()
 
@@ -32,8 +38,43 @@ def cuda_available() -> bool:
     return bool(_flashlab.cuda_available())
 
 
+@functools.lru_cache(maxsize=None)
+def _passes() -> dict[str, Tuple[bool, bool]]:
+    return {k["name"]: (k["forward"], k["backward"]) for k in _flashlab.kernels()}
+
+
+def _kernel_for(kernel: str, backward: bool) -> str:
+    """`kernel` for a pass it has, "auto" for the pass it lacks: naming a forward-only rung
+    still trains, naming a backward-only one still runs its forward. An unknown name stays,
+    to fail with the list of known kernels."""
+    has = _passes().get(kernel)
+    return "auto" if has is not None and not has[backward] else kernel
+
+
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
+
+
+def _check_arrays(optional: Tuple[str, ...] = (), **arrays: Array) -> bool:
+    """All given arrays are torch tensors (True) or all are not (False); anything without
+    __dlpack__ is a TypeError naming the argument. The `optional` ones may be None.
+    (Written for torch.compile: torch tensors take only the _is_torch branch.)"""
+    names = list(arrays)
+    torch_ = _is_torch(arrays[names[0]])
+    for name in names:
+        x = arrays[name]
+        if x is None and name in optional:
+            continue
+        if _is_torch(x) != torch_:
+            raise TypeError(f"{name} is a {type(x).__module__}.{type(x).__name__} but {names[0]} "
+                            f"is {'' if torch_ else 'not '}a torch tensor: pass one kind of array")
+        if not torch_ and not hasattr(x, "__dlpack__"):
+            raise TypeError(f"{name} must be an array supporting DLPack (torch, numpy, ...), "
+                            f"got {type(x).__name__}")
+    return torch_
+
+
+_VARLEN = ("cu_seqlens_q", "cu_seqlens_k")
 
 
 def _check_unsupported(dropout_p: float, alibi_slopes: Any) -> None:
@@ -44,7 +85,7 @@ def _check_unsupported(dropout_p: float, alibi_slopes: Any) -> None:
 
 
 def _window(window_size: Sequence[int]) -> Tuple[int, int]:
-    if len(window_size) != 2:
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise ValueError(f"window_size must be (left, right), got {window_size!r}")
     return int(window_size[0]), int(window_size[1])
 
@@ -79,28 +120,57 @@ def _options(
 # ---- NumPy (and any non-torch DLPack array): forward and explicit backward -----------------
 
 
-def _numpy_forward(q, k, v, opts):
+def _lse_shape(q: Array, varlen: bool) -> Tuple[int, ...]:
+    """softmax_lse: [Hq, total_q] for varlen, else [B, Hq, Sq]."""
+    return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+
+
+def _numpy_forward(q: Array, k: Array, v: Array, opts: "_flashlab.Options") -> Tuple[Array, Array]:
     import numpy as np
 
-    out = np.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
-    if opts.cu_seqlens_q is not None:
-        lse = np.empty((q.shape[1], q.shape[0]), dtype=np.float32)
-    else:
-        lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float32)
+    out = np.empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=q.dtype)
+    lse = np.empty(_lse_shape(q, opts.cu_seqlens_q is not None), dtype=np.float32)
     opts.workspace = np.empty(_flashlab.forward(q, k, v, out, lse, opts, True), dtype=np.uint8)
     _flashlab.forward(q, k, v, out, lse, opts)
     return out, lse
 
 
-def attention_backward(q, k, v, out, dout, lse, *, softmax_scale=None, causal=False,
-                       window_size=(-1, -1), softcap=0.0, deterministic=False, kernel="auto"):
-    """Gradients (dq, dk, dv) for NumPy arrays (PyTorch users get them from autograd)."""
+def attention_backward(
+    q: Array,
+    k: Array,
+    v: Array,
+    out: Array,
+    dout: Array,
+    softmax_lse: Array,
+    *,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    cu_seqlens_q: Optional[Array] = None,
+    cu_seqlens_k: Optional[Array] = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_k: int = 0,
+    kernel: str = "auto",
+) -> Tuple[Array, Array, Array]:
+    """Gradients (dq, dk, dv) for NumPy arrays; PyTorch users get them from autograd.
+
+    `out` and `softmax_lse` are the forward's (return_attn_probs=True); the mask options
+    must be the forward's. Varlen: pass the forward's cu_seqlens and max_seqlen too.
+    """
     import numpy as np
 
+    if _check_arrays(_VARLEN, q=q, k=k, v=v, out=out, dout=dout, softmax_lse=softmax_lse,
+                     cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k):
+        raise TypeError("attention_backward takes NumPy arrays; torch tensors get their "
+                        "gradients from autograd")
     opts = _options(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                    softcap=softcap, kernel=kernel)
-    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
-    args = (q, k, v, out, dout, lse, dq, dk, dv, bool(deterministic), opts)
+                    softcap=softcap, kernel=_kernel_for(kernel, True),
+                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                    max_seqlen_k=max_seqlen_k)
+    dq, dk, dv = (np.empty(x.shape, dtype=x.dtype) for x in (q, k, v))
+    args = (q, k, v, out, dout, softmax_lse, dq, dk, dv, bool(deterministic), opts)
     opts.workspace = np.empty(_flashlab.backward(*args, True), dtype=np.uint8)
     _flashlab.backward(*args)
     return dq, dk, dv
@@ -127,42 +197,46 @@ if "torch" in sys.modules:
     _torch()
 
 
-def _attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window_size, softcap,
-               deterministic, kernel):
+def _attention(q: Array, k: Array, v: Array, cu_q: Optional[Array], cu_k: Optional[Array],
+               max_q: int, max_k: int, softmax_scale: Optional[float], causal: bool,
+               window_size: Sequence[int], softcap: float, deterministic: bool, kernel: str
+               ) -> Tuple[Array, Array]:
     """(out, lse) through the torch custom op (autograd) or, for other arrays, directly."""
-    if _is_torch(q):
-        return _torch().attention(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal,
-                                  _window(window_size), softcap, deterministic, kernel)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not hasattr(x, "__dlpack__"):
-            raise TypeError(f"{name} must be an array supporting DLPack (torch, numpy, ...), "
-                            f"got {type(x).__name__}")
-    opts = _options(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                    softcap=softcap, kernel=kernel, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+    window = _window(window_size)
+    if _check_arrays(_VARLEN, q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k):
+        return _torch().attention(q, k, v, cu_q, cu_k, int(max_q), int(max_k), softmax_scale,
+                                  bool(causal), window, float(softcap), bool(deterministic),
+                                  str(kernel))
+    opts = _options(softmax_scale=softmax_scale, causal=causal, window_size=window,
+                    softcap=softcap, kernel=_kernel_for(kernel, False), cu_seqlens_q=cu_q,
+                    cu_seqlens_k=cu_k,
                     max_seqlen_q=max_q, max_seqlen_k=max_k)
     return _numpy_forward(q, k, v, opts)
 
 
 def flash_attn_func(
-    q,
-    k,
-    v,
+    q: Array,
+    k: Array,
+    v: Array,
     dropout_p: float = 0.0,
     softmax_scale: Optional[float] = None,
     causal: bool = False,
     window_size: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
-    alibi_slopes: Any = None,
+    alibi_slopes: Optional[Array] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
     *,
     kernel: str = "auto",
-):
-    """FlashAttention-2's flash_attn_func: q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D].
+) -> Output:
+    """FlashAttention-2's flash_attn_func: q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D] (v may
+    have its own head dim Dv), any strides with a contiguous last dim.
 
     Returns out [B, Sq, Hq, Dv]; with return_attn_probs, (out, softmax_lse, None) where
-    softmax_lse is fp32 [B, Hq, Sq]. `kernel` names a registry entry (see kernels()) for the
-    forward, and for the backward when it has one ("auto" picks the backward otherwise).
+    softmax_lse is fp32 [B, Hq, Sq] (not differentiable). `kernel` names a registry entry
+    (see kernels()) for each pass it has; "auto" picks the kernel of a pass it lacks.
+    `deterministic` asks the backward for bitwise-reproducible gradients
+    (a kernel that cannot give them refuses with its reason).
     """
     _check_unsupported(dropout_p, alibi_slopes)
     out, lse = _attention(q, k, v, None, None, 0, 0, softmax_scale, causal, window_size,
@@ -171,32 +245,37 @@ def flash_attn_func(
 
 
 def flash_attn_qkvpacked_func(
-    qkv,
+    qkv: Array,
     dropout_p: float = 0.0,
     softmax_scale: Optional[float] = None,
     causal: bool = False,
     window_size: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
-    alibi_slopes: Any = None,
+    alibi_slopes: Optional[Array] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
     *,
     kernel: str = "auto",
-):
-    """qkv [B, S, 3, H, D]: views q, k, v out of the packed tensor (no copy)."""
-    if len(qkv.shape) != 5 or qkv.shape[2] != 3:
-        raise ValueError(f"qkv must have shape [batch, seqlen, 3, heads, head_dim], got {tuple(qkv.shape)}")
+) -> Output:
+    """qkv [B, S, 3, H, D]: q, k, v are strided views of the packed array (no copy)."""
+    shape = getattr(qkv, "shape", None)
+    if shape is None:
+        raise TypeError(f"qkv must be an array supporting DLPack (torch, numpy, ...), "
+                        f"got {type(qkv).__name__}")
+    if len(shape) != 5 or shape[2] != 3:
+        raise ValueError("qkv must have shape [batch, seqlen, 3, heads, head_dim], "
+                         f"got {tuple(shape)}")
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, deterministic, return_attn_probs, kernel=kernel)
 
 
 def flash_attn_varlen_func(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
+    q: Array,
+    k: Array,
+    v: Array,
+    cu_seqlens_q: Array,
+    cu_seqlens_k: Array,
     max_seqlen_q: int,
     max_seqlen_k: int,
     dropout_p: float = 0.0,
@@ -204,20 +283,23 @@ def flash_attn_varlen_func(
     causal: bool = False,
     window_size: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
-    alibi_slopes: Any = None,
+    alibi_slopes: Optional[Array] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
-    block_table: Any = None,
+    block_table: Optional[Array] = None,
     *,
     kernel: str = "auto",
-):
-    """Packed sequences: q [total_q, Hq, D], k/v [total_k, Hkv, D], cu_seqlens int32 [B + 1].
+) -> Output:
+    """Packed sequences: q [total_q, Hq, D], k/v [total_k, Hkv, D], cu_seqlens int32 [B + 1]
+    on the device of q (sequence b is rows cu_seqlens[b] .. cu_seqlens[b + 1]).
 
     softmax_lse (with return_attn_probs) is fp32 [Hq, total_q].
     """
     _check_unsupported(dropout_p, alibi_slopes)
     if block_table is not None:
         raise ValueError("block_table: paged KV is not supported by this build")
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k are required (int32 [batch + 1])")
     out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           softmax_scale, causal, window_size, softcap, deterministic, kernel)
     return (out, lse, None) if return_attn_probs else out

@@ -1,24 +1,36 @@
 """PyTorch integration: `flashlab::fwd` / `flashlab::bwd` custom ops with fake (meta)
 implementations, so torch.compile(fullgraph=True) traces through them, and autograd
 wired with torch.library.register_autograd. Imported lazily by flashlab on first use.
+
+Tensors cross as DLPack capsules from torch.utils.dlpack.to_dlpack, not through
+`tensor.__dlpack__()`: with no stream argument that method makes the legacy default stream
+wait on the current one (an event per tensor per call, and an error inside CUDA graph
+capture). The kernels run on the current stream of the tensors' device, so no sync is due.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
+from torch.utils.dlpack import to_dlpack
 
-from . import _flashlab
+from . import _flashlab, _kernel_for
 
 
 def _stream(t: torch.Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
 
 
-def _opts(cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, softcap, kernel, stream):
+def _dl(*tensors: Optional[torch.Tensor]) -> List[Any]:
+    """DLPack capsules (None stays None). A capsule is consumed once: make fresh ones per call."""
+    return [None if t is None else to_dlpack(t) for t in tensors]
+
+
+def _opts(cu_q: Optional[torch.Tensor], cu_k: Optional[torch.Tensor], max_q: int, max_k: int,
+          scale: Optional[float], causal: bool, wl: int, wr: int, softcap: float, kernel: str,
+          stream: int) -> "_flashlab.Options":
     o = _flashlab.Options()
-    o.cu_seqlens_q, o.cu_seqlens_k = cu_q, cu_k
     o.max_seqlen_q, o.max_seqlen_k = int(max_q), int(max_k)
     o.softmax_scale = scale
     o.causal = causal
@@ -46,9 +58,16 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optiona
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
     lse = torch.empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32, device=q.device)
     o = _opts(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-              window_left, window_right, softcap, kernel, _stream(q))
-    o.workspace = _workspace(_flashlab.forward(q, k, v, out, lse, o, True), q)
-    _flashlab.forward(q, k, v, out, lse, o)
+              window_left, window_right, softcap, _kernel_for(kernel, False), _stream(q))
+    tensors = (q, k, v, out, lse)
+
+    def call(size_only: bool) -> int:
+        o.cu_seqlens_q, o.cu_seqlens_k = _dl(cu_seqlens_q, cu_seqlens_k)
+        return _flashlab.forward(*_dl(*tensors), o, size_only)
+
+    workspace = _workspace(call(True), q)
+    o.workspace = to_dlpack(workspace)
+    call(False)
     return out, lse
 
 
@@ -70,9 +89,16 @@ def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     o = _opts(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
               window_left, window_right, softcap, kernel, _stream(q))
-    args = (q, k, v, out, dout.contiguous(), lse, dq, dk, dv, deterministic, o)
-    o.workspace = _workspace(_flashlab.backward(*args, True), q)
-    _flashlab.backward(*args)
+    # autograd may hand over a broadcast (stride-0) or otherwise strided gradient.
+    tensors = (q, k, v, out, dout.contiguous(), lse, dq, dk, dv)
+
+    def call(size_only: bool) -> int:
+        o.cu_seqlens_q, o.cu_seqlens_k = _dl(cu_seqlens_q, cu_seqlens_k)
+        return _flashlab.backward(*_dl(*tensors), deterministic, o, size_only)
+
+    workspace = _workspace(call(True), q)
+    o.workspace = to_dlpack(workspace)
+    call(False)
     return dq, dk, dv
 
 
@@ -81,34 +107,32 @@ def _(dout, q, k, v, out, lse, *rest):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[torch.Tensor, torch.Tensor]
+                   ) -> None:
     (q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, softcap, det, kernel) = inputs
     out, lse = output
+    # The backward has no dLSE term: a loss through softmax_lse would get wrong gradients,
+    # so lse is a constant to autograd.
+    ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
     ctx.args = (max_q, max_k, scale, causal, wl, wr, softcap, det, kernel)
 
 
-def _backward_kernel(kernel: str) -> str:
-    """The kernel named for the forward when it has a backward pass, else "auto"."""
-    for k in _flashlab.kernels():
-        if k["name"] == kernel and not k["backward"]:
-            return "auto"
-    return kernel
-
-
-def _backward(ctx, dout, dlse):
+def _backward(ctx: Any, dout: torch.Tensor, dlse: Optional[torch.Tensor]) -> Tuple[Any, ...]:
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     max_q, max_k, scale, causal, wl, wr, softcap, det, kernel = ctx.args
     dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr,
-                     softcap, det, _backward_kernel(kernel))
+                     softcap, det, _kernel_for(kernel, True))
     return (dq, dk, dv) + (None,) * 11
 
 
 torch.library.register_autograd("flashlab::fwd", _backward, setup_context=_setup_context)
 
 
-def attention(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, softcap, deterministic,
-              kernel):
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              cu_q: Optional[torch.Tensor], cu_k: Optional[torch.Tensor], max_q: int, max_k: int,
+              scale: Optional[float], causal: bool, window: Tuple[int, int], softcap: float,
+              deterministic: bool, kernel: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """Forward through the custom op; autograd reaches flashlab::bwd."""
     return fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window[0], window[1], softcap,
                deterministic, kernel)

@@ -7,9 +7,11 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "flashlab/flashlab.h"
 
@@ -46,14 +48,22 @@ flashlab::DType dtype_of(const Array& a, const std::string& name) {
                            .c_str());
 }
 
+// The arrays of one call, held until it returns: a DLPack capsule (what the torch layer passes,
+// to skip the stream sync of Tensor.__dlpack__()) is consumed on import, and releasing the
+// import would release the producer's reference to the memory before the kernel ran.
+using Keep = std::vector<Array>;
+
 // A DLPack array as a flashlab view; `None` becomes an absent tensor.
-Tensor view(nb::handle obj, const std::string& name) {
+Tensor view(nb::handle obj, const std::string& name, Keep* keep) {
   if (obj.is_none()) return {};
   Array a;
   if (!nb::try_cast(obj, a))
-    throw nb::type_error((name + " must be an array supporting DLPack (torch, numpy, ...)").c_str());
+    throw nb::type_error(
+        (name + " must be an array supporting DLPack (torch, numpy, ...)").c_str());
+  keep->push_back(a);
   if (a.ndim() > size_t(flashlab::kMaxRank) || a.ndim() == 0)
-    throw nb::value_error((name + " must have rank 1 to 4, got " + std::to_string(a.ndim())).c_str());
+    throw nb::value_error(
+        (name + " must have rank 1 to 4, got " + std::to_string(a.ndim())).c_str());
   Tensor t;
   t.data = const_cast<void*>(a.data());
   t.dtype = dtype_of(a, name);
@@ -69,6 +79,15 @@ Tensor view(nb::handle obj, const std::string& name) {
   for (int i = 0; i < t.rank; ++i) {
     t.shape[i] = int64_t(a.shape(size_t(i)));
     t.stride[i] = int64_t(a.stride(size_t(i)));
+  }
+  // An empty array addresses nothing, and NumPy gives it all-zero strides: report the
+  // contiguous ones so that a zero-length batch or sequence passes the layout rules.
+  if (a.size() == 0) {
+    int64_t step = 1;
+    for (int i = t.rank - 1; i >= 0; --i) {
+      t.stride[i] = step;
+      step *= std::max<int64_t>(t.shape[i], 1);
+    }
   }
   return t;
 }
@@ -87,9 +106,9 @@ struct Options {
   int num_threads = 0;
 };
 
-void fill_common(const Options& o, CommonArgs* a) {
-  a->maybe_cu_seqlens_q = view(o.cu_seqlens_q, "cu_seqlens_q");
-  a->maybe_cu_seqlens_k = view(o.cu_seqlens_k, "cu_seqlens_k");
+void fill_common(const Options& o, CommonArgs* a, Keep* keep) {
+  a->maybe_cu_seqlens_q = view(o.cu_seqlens_q, "cu_seqlens_q", keep);
+  a->maybe_cu_seqlens_k = view(o.cu_seqlens_k, "cu_seqlens_k", keep);
   a->max_seqlen_q = o.max_seqlen_q;
   a->max_seqlen_k = o.max_seqlen_k;
   a->softmax_scale = o.softmax_scale;
@@ -103,6 +122,7 @@ void fill_common(const Options& o, CommonArgs* a) {
   if (!o.workspace.is_none()) {  // raw bytes of any dtype (the Python layer passes uint8)
     Array ws;
     if (!nb::try_cast(o.workspace, ws)) throw nb::type_error("workspace must be a DLPack array");
+    keep->push_back(ws);
     a->workspace = const_cast<void*>(ws.data());
     a->workspace_bytes = ws.nbytes();
   }
@@ -111,13 +131,14 @@ void fill_common(const Options& o, CommonArgs* a) {
 // `size_only`: return the workspace bytes instead of running.
 size_t forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
                const Options& o, bool size_only) {
+  Keep keep;
   ForwardArgs a;
-  fill_common(o, &a);
-  a.q = view(q, "q");
-  a.k = view(k, "k");
-  a.v = view(v, "v");
-  a.out = view(out, "out");
-  a.maybe_lse = view(lse, "lse");
+  fill_common(o, &a, &keep);
+  a.q = view(q, "q", &keep);
+  a.k = view(k, "k", &keep);
+  a.v = view(v, "v", &keep);
+  a.out = view(out, "out", &keep);
+  a.maybe_lse = view(lse, "lse", &keep);
   size_t bytes = 0;
   if (size_only) {
     raise_if_error(flashlab::workspace_size(a, &bytes));
@@ -135,17 +156,18 @@ size_t forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::han
 size_t backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout,
                 nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, bool deterministic,
                 const Options& o, bool size_only) {
+  Keep keep;
   BackwardArgs a;
-  fill_common(o, &a);
-  a.q = view(q, "q");
-  a.k = view(k, "k");
-  a.v = view(v, "v");
-  a.out = view(out, "out");
-  a.dout = view(dout, "dout");
-  a.lse = view(lse, "lse");
-  a.dq = view(dq, "dq");
-  a.dk = view(dk, "dk");
-  a.dv = view(dv, "dv");
+  fill_common(o, &a, &keep);
+  a.q = view(q, "q", &keep);
+  a.k = view(k, "k", &keep);
+  a.v = view(v, "v", &keep);
+  a.out = view(out, "out", &keep);
+  a.dout = view(dout, "dout", &keep);
+  a.lse = view(lse, "lse", &keep);
+  a.dq = view(dq, "dq", &keep);
+  a.dk = view(dk, "dk", &keep);
+  a.dv = view(dv, "dv", &keep);
   a.deterministic = deterministic;
   size_t bytes = 0;
   if (size_only) {

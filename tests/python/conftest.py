@@ -5,23 +5,41 @@ Run from the repository root after `pip install .` (or with the extension staged
 
     python -m pytest tests/python
 
-CPU tests always run (NumPy; torch when it is installed). Tests marked `cuda` skip with the
-reason when torch has no CUDA device or this build has no CUDA kernels. Inputs are fresh
-random values each run; FLASHLAB_TEST_SEED=N repeats a run (the seed is printed on failure).
+- test_cpu.py: NumPy (DLPack) and torch CPU tensors: values, LSE and gradients against the
+  oracle in reference.py, varlen, strided and packed inputs, kernel=, kernels(), compile.
+- test_validation.py: every rule of src/api.cpp and of the Python layer, with its message.
+- test_cuda.py (marker `cuda`): the same on CUDA tensors under DESIGN.md's rule, every GPU
+  kernel by name, the current stream, CUDA graphs, torch.compile(fullgraph=True).
+- test_triton.py: the Triton rung.
+
+CPU tests always run (NumPy; the `torch` ones when torch is installed, else they skip with
+that reason). Tests marked `cuda` skip with the reason when torch has no CUDA device or this
+build has no CUDA kernels. Inputs are fresh random values each run; the seed is printed at
+the end, and FLASHLAB_TEST_SEED=N repeats a run (NumPy and torch generators alike).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import sys
+import zlib
 
 import pytest
 
 SEED = int(os.environ.get("FLASHLAB_TEST_SEED", random.SystemRandom().randrange(2**31)))
 
 
-def pytest_report_header(config):
+def _seed_line() -> str:
     return f"flashlab tests: seed {SEED} (FLASHLAB_TEST_SEED={SEED} repeats this run)"
+
+
+def pytest_report_header(config):
+    return _seed_line()
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(_seed_line())
 
 
 def pytest_configure(config):
@@ -29,20 +47,21 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "torch: needs torch")
 
 
-def _torch_or_none():
+def _torch_or_why():
+    """(torch, None), or (None, why it cannot be imported)."""
     try:
         import torch
 
-        return torch
-    except ImportError:
-        return None
+        return torch, None
+    except ImportError as e:
+        return None, f"torch is not installed ({e})"
 
 
 def pytest_collection_modifyitems(config, items):
     import flashlab
 
-    torch = _torch_or_none()
-    skip_torch = pytest.mark.skip(reason="torch is not installed")
+    torch, why = _torch_or_why()
+    skip_torch = pytest.mark.skip(reason=why)
     if torch is None:
         skip_cuda = skip_torch
     elif not torch.cuda.is_available():
@@ -58,11 +77,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_torch)
 
 
+def _test_seed(request) -> int:
+    return zlib.crc32(request.node.nodeid.encode())
+
+
 @pytest.fixture
 def rng(request):
     """A NumPy generator seeded from the run's seed and the test's name."""
-    import zlib
-
     import numpy as np
 
-    return np.random.default_rng([SEED, zlib.crc32(request.node.nodeid.encode())])
+    return np.random.default_rng([SEED, _test_seed(request)])
+
+
+@pytest.fixture(autouse=True)
+def _seed_torch(request):
+    """torch's generators (CPU and every CUDA device) seeded the same way, when torch is loaded."""
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed((SEED << 32) ^ _test_seed(request))

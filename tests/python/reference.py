@@ -1,11 +1,16 @@
-"""The fp64 attention oracle of the Python tests (NumPy), with FlashLab's conventions:
-causal aligned bottom-right, sliding window (left, right) with -1 unbounded, softcap
-cap·tanh(s/cap) before masking, GQA, and a row that sees no key giving 0 and LSE −inf.
+"""The attention oracle of the Python tests, with FlashLab's conventions: causal aligned
+bottom-right, sliding window (left, right) with -1 unbounded, softcap cap·tanh(s/cap) before
+masking, GQA, and a row that sees no key giving 0 and LSE −inf.
+
+NumPy (fp64 values and hand-written fp64 gradients) for the NumPy path; torch (any dtype,
+differentiable) for the torch paths, where float64 is the oracle and the input dtype is
+DESIGN.md's yardstick: PyTorch's math path (S and P rounded to the input dtype, softmax in
+fp32). A result passes when its max abs error <= 2 x the yardstick's + 1e-5 (check_rule).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -121,3 +126,77 @@ def attention_backward(q, k, v, dout, *, scale=None, causal=False, window=(-1, -
     dkk = np.einsum("bhqk,bqhd->bkhd", ds, q)
     fold = lambda g: g.reshape(g.shape[0], g.shape[1], hkv, rep, g.shape[-1]).sum(axis=3)
     return dq, fold(dkk), fold(dvv)
+
+
+def varlen_attention_backward(q, k, v, dout, cu_q, cu_k, **kw
+                              ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """fp64 (dq, dk, dv) for packed sequences; a sequence with no queries or no keys gets 0."""
+    dq, dk, dv = (np.zeros(x.shape) for x in (q, k, v))
+    for b in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+        if q1 == q0 or k1 == k0:
+            continue
+        g = attention_backward(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
+                               dout[None, q0:q1], **kw)
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = (x[0] for x in g)
+    return dq, dk, dv
+
+
+# ---- torch ------------------------------------------------------------------------------
+
+
+def torch_attention(q, k, v, *, causal: bool = False, window: Sequence[int] = (-1, -1),
+                    softcap: float = 0.0, scale: Optional[float] = None, dtype: Any = None):
+    """(out [B, Sq, Hq, Dv], lse [B, Hq, Sq]) computed in `dtype` (default: q's) and
+    differentiable: torch.float64 gives the oracle, the input dtype the yardstick."""
+    import torch
+
+    dtype = dtype or q.dtype
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    sq, hq, d = q.shape[1:]
+    sk, hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    k = k.repeat_interleave(hq // hkv, dim=2)
+    v = v.repeat_interleave(hq // hkv, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if dtype != torch.float64:
+        s = s.float()
+    ok = torch.from_numpy(allowed(sq, sk, causal, window)).to(s.device)
+    s = s.masked_fill(~ok, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0).to(dtype)
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+
+
+def torch_grads(q, k, v, dout, dtype: Any, **mask):
+    """(dq, dk, dv) of sum(out ∘ dout) through torch_attention in `dtype`."""
+    import torch
+
+    leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+    out, _ = torch_attention(*leaves, **mask)
+    return torch.autograd.grad(out, leaves, dout.to(dtype))
+
+
+def as_f64(x) -> np.ndarray:
+    """A NumPy fp64 copy of a NumPy array or a torch tensor (any device)."""
+    if hasattr(x, "detach"):
+        x = x.detach().double().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def max_err(a, b) -> float:
+    """max |a − b|, with equal infinities (LSE of a fully masked row) counted as equal."""
+    a, b = as_f64(a), as_f64(b)
+    assert a.shape == b.shape, f"shape {a.shape} != {b.shape}"
+    both_inf = np.isinf(a) & np.isinf(b) & (np.sign(a) == np.sign(b))
+    with np.errstate(invalid="ignore"):
+        diff = np.where(both_inf, 0.0, np.abs(a - b))
+    return float(np.nan_to_num(diff, nan=np.inf).max(initial=0.0))
+
+
+def check_rule(name: str, got, yardstick, oracle) -> None:
+    """DESIGN.md's rule: error(got) <= 2 x error(yardstick) + 1e-5, both against the oracle."""
+    e, y = max_err(got, oracle), max_err(yardstick, oracle)
+    assert e <= 2 * y + 1e-5, f"{name}: error {e:.3g} > 2 x {y:.3g} (yardstick) + 1e-5"

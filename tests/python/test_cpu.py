@@ -1,6 +1,6 @@
 """The package on CPU arrays: NumPy through DLPack (forward and attention_backward) and,
 when torch is installed, CPU tensors with autograd and torch.compile, all against the
-fp64 oracle in reference.py."""
+oracle in reference.py: a tight absolute bound for fp32/fp64, DESIGN.md's rule for fp16/bf16."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 import flashlab
 import reference as ref
+from reference import check_rule, max_err
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, window, softcap)
 CASES = {
@@ -18,154 +19,314 @@ CASES = {
     "sq_gt_sk_causal_masked_rows": (1, 100, 17, 2, 2, 32, True, (-1, -1), 0.0),
     "gqa_4to1": (2, 50, 70, 4, 1, 64, False, (-1, -1), 0.0),
     "window_16_4": (1, 90, 90, 2, 1, 48, False, (16, 4), 0.0),
+    "window_left_only_causal": (1, 70, 90, 2, 2, 32, True, (8, -1), 0.0),
     "softcap_causal": (1, 60, 60, 2, 2, 64, True, (-1, -1), 5.0),
+    "softcap_window_gqa": (2, 45, 45, 4, 2, 16, False, (5, 5), 2.0),
     "seqlen_1": (3, 1, 1, 2, 2, 128, False, (-1, -1), 0.0),
 }
+GRAD_CASES = ["basic", "causal", "sq_lt_sk_causal", "sq_gt_sk_causal_masked_rows", "gqa_4to1",
+              "window_16_4", "softcap_causal", "softcap_window_gqa"]
+FP32_TOL, FP32_GRAD_TOL, FP64_TOL = 2e-5, 1e-4, 1e-10
 
 
-def _inputs(rng, b, sq, sk, hq, hkv, d, dtype=np.float32):
+def _inputs(rng, b, sq, sk, hq, hkv, d, dtype=np.float32, dv=None):
     mk = lambda *s: rng.standard_normal(s).astype(dtype)
-    return mk(b, sq, hq, d), mk(b, sk, hkv, d), mk(b, sk, hkv, d)
+    return mk(b, sq, hq, d), mk(b, sk, hkv, d), mk(b, sk, hkv, dv or d)
 
 
-def _max_err(a, b):
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    both_inf = np.isinf(a) & np.isinf(b) & (np.sign(a) == np.sign(b))
-    with np.errstate(invalid="ignore"):
-        return float(np.where(both_inf, 0.0, np.abs(a - b)).max(initial=0.0))
+def _mask(case):
+    causal, window, softcap = CASES[case][6:]
+    return dict(causal=causal, window=window, softcap=softcap)
+
+
+def _fa2_mask(case):
+    causal, window, softcap = CASES[case][6:]
+    return dict(causal=causal, window_size=window, softcap=softcap)
+
+
+def _cu(lens):
+    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+
+
+# ---- NumPy ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["fp32", "fp64"])
-@pytest.mark.parametrize("name", list(CASES))
-def test_numpy_forward(rng, name, dtype):
-    b, sq, sk, hq, hkv, d, causal, window, softcap = CASES[name]
+@pytest.mark.parametrize("case", list(CASES))
+def test_numpy_forward(rng, case, dtype):
+    b, sq, sk, hq, hkv, d = CASES[case][:6]
     q, k, v = _inputs(rng, b, sq, sk, hq, hkv, d, dtype)
-    out, lse, none = flashlab.flash_attn_func(q, k, v, causal=causal, window_size=window,
-                                              softcap=softcap, return_attn_probs=True)
-    want, want_lse = ref.attention(q, k, v, causal=causal, window=window, softcap=softcap)
+    out, lse, none = flashlab.flash_attn_func(q, k, v, return_attn_probs=True, **_fa2_mask(case))
+    # The API's softmax_scale is fp32: the fp64 oracle uses the same rounded default.
+    want, want_lse = ref.attention(q, k, v, scale=float(np.float32(1 / np.sqrt(d))),
+                                   **_mask(case))
+    tol = FP32_TOL if dtype == np.float32 else FP64_TOL
     assert none is None
-    assert out.dtype == dtype and out.shape == (b, sq, hq, d)
+    assert type(out) is np.ndarray and out.dtype == dtype and out.shape == (b, sq, hq, d)
     assert lse.dtype == np.float32 and lse.shape == (b, hq, sq)
-    assert _max_err(out, want) < 2e-5
-    assert _max_err(lse, want_lse) < 2e-5
+    assert max_err(out, want) < tol
+    assert max_err(lse, want_lse) < FP32_TOL  # LSE is fp32 whatever the input dtype
 
 
-def test_numpy_forward_fp16_within_the_rule(rng):
+@pytest.mark.parametrize("kernel", ["auto", "cpu_flash", "cpu_reference"])
+def test_numpy_forward_fp16_within_the_rule(rng, kernel):
     q, k, v = _inputs(rng, 2, 80, 80, 4, 2, 64, np.float16)
-    out = flashlab.flash_attn_func(q, k, v, causal=True)
+    out = flashlab.flash_attn_func(q, k, v, causal=True, kernel=kernel)
     want, _ = ref.attention(q, k, v, causal=True)
-    yardstick = _max_err(ref.lowp_attention(q, k, v, causal=True), want)
     assert out.dtype == np.float16
-    assert _max_err(out, want) <= 2 * yardstick + 1e-5
+    check_rule("out", out, ref.lowp_attention(q, k, v, causal=True), want)
+
+
+def test_head_dim_v_differs_from_head_dim(rng):
+    q, k, v = _inputs(rng, 1, 40, 50, 2, 1, 64, dv=32)
+    out, lse, _ = flashlab.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    want, want_lse = ref.attention(q, k, v, causal=True)
+    assert out.shape == (1, 40, 2, 32)
+    assert max_err(out, want) < FP32_TOL and max_err(lse, want_lse) < FP32_TOL
 
 
 def test_fully_masked_rows_write_zero_and_minus_inf(rng):
-    # seqlen_q > seqlen_k with causal: the first sq − sk rows see no key.
+    # seqlen_q > seqlen_k with causal (bottom-right): the first sq − sk rows see no key.
     q, k, v = _inputs(rng, 1, 20, 5, 1, 1, 16)
     out, lse, _ = flashlab.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     assert np.all(out[0, :15] == 0) and np.all(np.isneginf(lse[0, 0, :15]))
-    assert np.all(np.isfinite(lse[0, 0, 15:]))
+    assert np.all(np.isfinite(lse[0, 0, 15:])) and np.all(np.isfinite(out))
 
 
-@pytest.mark.parametrize("name", ["basic", "causal", "sq_lt_sk_causal", "gqa_4to1",
-                                  "window_16_4", "softcap_causal"])
-def test_numpy_backward(rng, name):
-    b, sq, sk, hq, hkv, d, causal, window, softcap = CASES[name]
+@pytest.mark.parametrize("kernel", ["auto", "cpu_reference"])
+@pytest.mark.parametrize("case", GRAD_CASES)
+def test_numpy_backward(rng, case, kernel):
+    b, sq, sk, hq, hkv, d = CASES[case][:6]
     q, k, v = _inputs(rng, b, sq, sk, hq, hkv, d)
     dout = rng.standard_normal((b, sq, hq, d)).astype(np.float32)
-    kw = dict(causal=causal, window_size=window, softcap=softcap)
-    out, lse, _ = flashlab.flash_attn_func(q, k, v, return_attn_probs=True, **kw)
-    dq, dk, dv = flashlab.attention_backward(q, k, v, out, dout, lse, **kw)
-    want = ref.attention_backward(q, k, v, dout, causal=causal, window=window, softcap=softcap)
-    for got, w, what in zip((dq, dk, dv), want, "qkv"):
-        assert got.shape == w.shape, what
-        assert _max_err(got, w) < 1e-4, f"d{what}"
+    out, lse, _ = flashlab.flash_attn_func(q, k, v, return_attn_probs=True, kernel=kernel,
+                                           **_fa2_mask(case))
+    got = flashlab.attention_backward(q, k, v, out, dout, lse, kernel=kernel, **_fa2_mask(case))
+    want = ref.attention_backward(q, k, v, dout, **_mask(case))
+    for g, w, x, what in zip(got, want, (q, k, v), ("dq", "dk", "dv")):
+        assert g.shape == x.shape and g.dtype == x.dtype, what
+        assert max_err(g, w) < FP32_GRAD_TOL, what
 
 
-def test_varlen_with_a_zero_length_sequence(rng):
-    lens_q, lens_k = [5, 0, 33, 1], [7, 4, 33, 0]
-    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
-    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+def test_deterministic_backward_on_cpu_repeats_bitwise(rng):
+    q, k, v = _inputs(rng, 2, 64, 96, 4, 2, 32)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    out, lse, _ = flashlab.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    runs = [flashlab.attention_backward(q, k, v, out, dout, lse, causal=True, deterministic=True)
+            for _ in range(2)]
+    for a, b in zip(*runs):
+        assert np.array_equal(a, b)
+    want = ref.attention_backward(q, k, v, dout, causal=True)
+    assert max(max_err(g, w) for g, w in zip(runs[0], want)) < FP32_GRAD_TOL
+
+
+def test_varlen_with_zero_length_sequences(rng):
+    lens_q, lens_k = [5, 0, 33, 1, 9], [7, 4, 33, 0, 12]
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
     q = rng.standard_normal((cu_q[-1], 4, 32)).astype(np.float32)
     k = rng.standard_normal((cu_k[-1], 2, 32)).astype(np.float32)
     v = rng.standard_normal((cu_k[-1], 2, 32)).astype(np.float32)
-    out, lse, _ = flashlab.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
-                                                  causal=True, return_attn_probs=True)
+    varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                  max_seqlen_k=max(lens_k))
+    out, lse, _ = flashlab.flash_attn_varlen_func(q, k, v, **varlen, causal=True,
+                                                  return_attn_probs=True)
     want, want_lse = ref.varlen_attention(q, k, v, cu_q, cu_k, causal=True)
-    assert lse.shape == (4, cu_q[-1])
-    assert _max_err(out, want) < 2e-5
-    assert _max_err(lse, want_lse) < 2e-5
+    assert out.shape == q.shape and lse.shape == (4, cu_q[-1])
+    assert max_err(out, want) < FP32_TOL and max_err(lse, want_lse) < FP32_TOL
+    assert np.all(out[cu_q[3]:cu_q[4]] == 0)  # sequence 3 has no keys
+    dout = rng.standard_normal(out.shape).astype(np.float32)
+    got = flashlab.attention_backward(q, k, v, out, dout, lse, causal=True, **varlen)
+    grads = ref.varlen_attention_backward(q, k, v, dout, cu_q, cu_k, causal=True)
+    for g, w, what in zip(got, grads, ("dq", "dk", "dv")):
+        assert max_err(g, w) < FP32_GRAD_TOL, what
+    assert np.all(got[1][cu_k[1]:cu_k[2]] == 0)  # keys of the sequence with no queries
 
 
-def test_qkvpacked_views_without_copy(rng):
+def test_empty_batch_and_empty_sequence(rng):
+    q, k, v = _inputs(rng, 1, 8, 8, 2, 2, 32)
+    out, lse, _ = flashlab.flash_attn_func(q[:, :0], k, v, return_attn_probs=True)
+    assert out.shape == (1, 0, 2, 32) and lse.shape == (1, 2, 0)
+    assert flashlab.flash_attn_func(q[:0], k[:0], v[:0]).shape == (0, 8, 2, 32)
+    out, lse, _ = flashlab.flash_attn_func(q, k[:, :0], v[:, :0], return_attn_probs=True)
+    assert np.all(out == 0) and np.all(np.isneginf(lse))
+
+
+def test_qkvpacked_views(rng):
     qkv = rng.standard_normal((2, 40, 3, 2, 64)).astype(np.float32)
-    out = flashlab.flash_attn_qkvpacked_func(qkv, causal=True)
-    want, _ = ref.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True)
-    assert _max_err(out, want) < 2e-5
+    out, lse, _ = flashlab.flash_attn_qkvpacked_func(qkv, causal=True, return_attn_probs=True)
+    want, want_lse = ref.attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True)
+    assert max_err(out, want) < FP32_TOL and max_err(lse, want_lse) < FP32_TOL
+
+
+def test_strided_inputs(rng):
+    # [B, H, S, D] storage seen as [B, S, H, D]: strided, last dim contiguous.
+    q, k, v = (rng.standard_normal((2, 3, 50, 32)).astype(np.float32).transpose(0, 2, 1, 3)
+               for _ in range(3))
+    assert not q.flags.c_contiguous
+    out = flashlab.flash_attn_func(q, k, v, window_size=(7, 0))
+    assert max_err(out, ref.attention(q, k, v, window=(7, 0))[0]) < FP32_TOL
 
 
 def test_softmax_scale(rng):
     q, k, v = _inputs(rng, 1, 30, 30, 2, 2, 64)
     out = flashlab.flash_attn_func(q, k, v, softmax_scale=0.3)
-    assert _max_err(out, ref.attention(q, k, v, scale=0.3)[0]) < 2e-5
+    assert max_err(out, ref.attention(q, k, v, scale=0.3)[0]) < FP32_TOL
 
 
 def test_named_kernel_runs_and_unknown_kernel_lists_the_known(rng):
     q, k, v = _inputs(rng, 1, 30, 30, 2, 2, 64)
     out = flashlab.flash_attn_func(q, k, v, kernel="cpu_reference")
-    assert _max_err(out, ref.attention(q, k, v)[0]) < 2e-5
-    with pytest.raises(ValueError, match="kernel 'nope'.*known kernels: .*cpu_flash"):
+    assert max_err(out, ref.attention(q, k, v)[0]) < FP32_TOL
+    with pytest.raises(ValueError, match=r"kernel 'nope' is not in this build; known kernels: "
+                                         r".*cpu_reference.*"):
         flashlab.flash_attn_func(q, k, v, kernel="nope")
+
+
+def test_named_kernel_that_cannot_run_says_why(rng):
+    q, k, v = _inputs(rng, 1, 16, 16, 2, 2, 32, np.float64)
+    with pytest.raises(ValueError, match=r"kernel 'cpu_flash' does not support this call: fp64"):
+        flashlab.flash_attn_func(q, k, v, kernel="cpu_flash")
 
 
 def test_kernels_lists_the_registry():
     ks = flashlab.kernels()
     names = [k["name"] for k in ks]
     assert "cpu_reference" in names and "cpu_flash" in names
+    assert len(set(names)) == len(names)
     for k in ks:
-        assert set(k) >= {"name", "arch", "summary", "forward", "backward"}
-        assert k["forward"] or k["backward"]
+        assert set(k) == {"name", "arch", "summary", "forward", "backward"}
+        assert k["summary"] and (k["forward"] or k["backward"])
     assert isinstance(flashlab.cuda_available(), bool)
+    if not any(k["arch"] != "cpu" for k in ks):
+        assert not flashlab.cuda_available()
 
 
 # ---- torch on the CPU -------------------------------------------------------------------
 
 
-def _torch_inputs(rng, torch, b, sq, sk, hq, hkv, d):
-    q, k, v = (torch.from_numpy(x).requires_grad_() for x in _inputs(rng, b, sq, sk, hq, hkv, d))
-    return q, k, v
+def _torch_inputs(rng, b, sq, sk, hq, hkv, d, dtype=None):
+    import torch
+
+    dtype = dtype or torch.float32
+    return [torch.from_numpy(x).to(dtype).requires_grad_()
+            for x in _inputs(rng, b, sq, sk, hq, hkv, d)]
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("name", ["basic", "sq_lt_sk_causal", "gqa_4to1", "window_16_4",
-                                  "softcap_causal"])
-def test_torch_cpu_forward_and_autograd(rng, name):
+@pytest.mark.parametrize("kernel", ["auto", "cpu_reference"])
+@pytest.mark.parametrize("case", GRAD_CASES)
+def test_torch_cpu_fp32_values_and_autograd(rng, case, kernel):
     import torch
 
-    b, sq, sk, hq, hkv, d, causal, window, softcap = CASES[name]
-    q, k, v = _torch_inputs(rng, torch, b, sq, sk, hq, hkv, d)
-    out = flashlab.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap)
+    q, k, v = _torch_inputs(rng, *CASES[case][:6])
+    out, lse, _ = flashlab.flash_attn_func(q, k, v, return_attn_probs=True, kernel=kernel,
+                                           **_fa2_mask(case))
     dout = torch.randn_like(out)
     out.backward(dout)
     n = lambda t: t.detach().numpy()
-    want = ref.attention(n(q), n(k), n(v), causal=causal, window=window, softcap=softcap)[0]
-    grads = ref.attention_backward(n(q), n(k), n(v), n(dout), causal=causal, window=window,
-                                   softcap=softcap)
-    assert _max_err(n(out), want) < 2e-5
-    for t, w, what in zip((q, k, v), grads, "qkv"):
-        assert _max_err(n(t.grad), w) < 1e-4, f"d{what}"
+    want, want_lse = ref.attention(n(q), n(k), n(v), **_mask(case))
+    grads = ref.attention_backward(n(q), n(k), n(v), n(dout), **_mask(case))
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
+    assert max_err(out, want) < FP32_TOL and max_err(lse, want_lse) < FP32_TOL
+    for t, w, what in zip((q, k, v), grads, ("dq", "dk", "dv")):
+        assert max_err(t.grad, w) < FP32_GRAD_TOL, what
 
 
 @pytest.mark.torch
-def test_torch_cpu_return_attn_probs_and_forward_only_kernel(rng):
+@pytest.mark.parametrize("kernel", ["auto", "cpu_reference"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", ["causal", "gqa_4to1", "window_16_4", "softcap_window_gqa"])
+def test_torch_cpu_low_precision_within_the_rule(rng, case, dtype, kernel):
     import torch
 
-    q, k, v = _torch_inputs(rng, torch, 1, 33, 33, 2, 2, 64)
-    out, lse, none = flashlab.flash_attn_func(q, k, v, causal=True, return_attn_probs=True,
-                                              kernel="cpu_reference")
-    assert none is None and lse.dtype == torch.float32 and lse.shape == (1, 2, 33)
-    out.sum().backward()
-    assert q.grad is not None and torch.isfinite(q.grad).all()
+    dt = getattr(torch, dtype)
+    q, k, v = _torch_inputs(rng, *CASES[case][:6], dtype=dt)
+    mask = _mask(case)
+    out, lse, _ = flashlab.flash_attn_func(q, k, v, return_attn_probs=True, kernel=kernel,
+                                           **_fa2_mask(case))
+    assert out.dtype == dt and lse.dtype == torch.float32
+    qkv = [x.detach() for x in (q, k, v)]
+    oracle = ref.torch_attention(*qkv, dtype=torch.float64, **mask)
+    yard = ref.torch_attention(*qkv, **mask)
+    check_rule("out", out, yard[0], oracle[0])
+    check_rule("lse", lse, yard[1], oracle[1])
+    dout = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    want = ref.torch_grads(*qkv, dout, torch.float64, **mask)
+    yard = ref.torch_grads(*qkv, dout, dt, **mask)
+    for name, g, y, w in zip(("dq", "dk", "dv"), got, yard, want):
+        assert g.dtype == dt
+        check_rule(name, g, y, w)
+
+
+@pytest.mark.torch
+def test_torch_cpu_varlen_autograd_with_zero_length_sequences(rng):
+    import torch
+
+    lens_q, lens_k = [9, 0, 20, 3], [9, 6, 31, 0]
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    q = torch.randn(int(cu_q[-1]), 4, 32, requires_grad=True)
+    k = torch.randn(int(cu_k[-1]), 1, 32, requires_grad=True)
+    v = torch.randn(int(cu_k[-1]), 1, 32, requires_grad=True)
+    out, lse, _ = flashlab.flash_attn_varlen_func(
+        q, k, v, torch.from_numpy(cu_q), torch.from_numpy(cu_k), max(lens_q), max(lens_k),
+        window_size=(4, 2), return_attn_probs=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    n = lambda t: t.detach().numpy()
+    want, want_lse = ref.varlen_attention(n(q), n(k), n(v), cu_q, cu_k, window=(4, 2))
+    grads = ref.varlen_attention_backward(n(q), n(k), n(v), n(dout), cu_q, cu_k, window=(4, 2))
+    assert lse.shape == (4, cu_q[-1])
+    assert max_err(out, want) < FP32_TOL and max_err(lse, want_lse) < FP32_TOL
+    for t, w, what in zip((q, k, v), grads, ("dq", "dk", "dv")):
+        assert max_err(t.grad, w) < FP32_GRAD_TOL, what
+
+
+@pytest.mark.torch
+def test_torch_cpu_strided_views_and_qkvpacked_autograd(rng):
+    import torch
+
+    qkv = torch.randn(2, 48, 3, 4, 32, requires_grad=True)
+    q, k, v = qkv.unbind(dim=2)  # strided views, last dim contiguous
+    assert not q.is_contiguous()
+    out = flashlab.flash_attn_func(q, k, v, causal=True)
+    packed = flashlab.flash_attn_qkvpacked_func(qkv, causal=True)
+    assert torch.equal(out, packed)
+    dout = torch.randn_like(out)
+    packed.backward(dout)
+    n = lambda t: t.detach().numpy()
+    want = ref.attention(n(q), n(k), n(v), causal=True)[0]
+    grads = ref.attention_backward(n(q), n(k), n(v), n(dout), causal=True)
+    assert max_err(out, want) < FP32_TOL
+    for i, (w, what) in enumerate(zip(grads, ("dq", "dk", "dv"))):
+        assert max_err(qkv.grad[:, :, i], w) < FP32_GRAD_TOL, what
+
+
+@pytest.mark.torch
+def test_torch_cpu_lse_is_returned_but_not_differentiable(rng):
+    import torch
+
+    q, k, v = _torch_inputs(rng, 1, 33, 33, 2, 2, 64)
+    out, lse, none = flashlab.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert none is None and lse.shape == (1, 2, 33) and lse.dtype == torch.float32
+    assert out.requires_grad and not lse.requires_grad
+    (out.sum() + lse.sum()).backward()  # lse is a constant: the gradient is out's alone
+    q2, k2, v2 = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    flashlab.flash_attn_func(q2, k2, v2, causal=True).sum().backward()
+    assert torch.equal(q.grad, q2.grad) and torch.equal(v.grad, v2.grad)
+
+
+@pytest.mark.torch
+def test_torch_cpu_deterministic_backward_repeats_bitwise(rng):
+    import torch
+
+    q, k, v = _torch_inputs(rng, 1, 64, 64, 4, 2, 32)
+    grads = []
+    for _ in range(2):
+        out = flashlab.flash_attn_func(q, k, v, causal=True, deterministic=True)
+        grads.append(torch.autograd.grad(out.square().sum(), (q, k, v)))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.torch
@@ -174,12 +335,31 @@ def test_torch_compile_fullgraph_traces_the_custom_op(rng):
 
     class Attn(torch.nn.Module):
         def forward(self, q, k, v):
-            return flashlab.flash_attn_func(q * 1.0, k, v, causal=True).sum()
+            out, lse, _ = flashlab.flash_attn_func(q * 1.0, k, v, causal=True,
+                                                   return_attn_probs=True)
+            return out.square().sum(), lse
 
-    q, k, v = _torch_inputs(rng, torch, 1, 40, 40, 2, 1, 32)
+    q, k, v = _torch_inputs(rng, 1, 40, 40, 2, 1, 32)
     compiled = torch.compile(Attn(), fullgraph=True, backend="aot_eager")
-    loss = compiled(q, k, v)
+    loss, lse = compiled(q, k, v)
     loss.backward()
     eager_q = q.detach().clone().requires_grad_()
-    Attn()(eager_q, k.detach(), v.detach()).backward()
+    eager_loss, eager_lse = Attn()(eager_q, k.detach(), v.detach())
+    eager_loss.backward()
+    assert torch.equal(lse, eager_lse) and torch.allclose(loss, eager_loss)
     assert torch.allclose(q.grad, eager_q.grad, atol=1e-6)
+    n = lambda t: t.detach().numpy()
+    out = ref.attention(n(q), n(k), n(v), causal=True)[0]
+    dq = ref.attention_backward(n(q), n(k), n(v), 2 * out, causal=True)[0]
+    assert max_err(q.grad, dq) < FP32_GRAD_TOL
+
+
+@pytest.mark.torch
+def test_torch_and_numpy_do_not_mix(rng):
+    import torch
+
+    q, k, v = _inputs(rng, 1, 8, 8, 2, 2, 32)
+    with pytest.raises(TypeError, match=r"k is a torch\.Tensor but q is not a torch tensor"):
+        flashlab.flash_attn_func(q, torch.from_numpy(k), v)
+    with pytest.raises(TypeError, match=r"v is a numpy\.ndarray but q is a torch tensor"):
+        flashlab.flash_attn_func(torch.from_numpy(q), torch.from_numpy(k), v)

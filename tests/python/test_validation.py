@@ -1,5 +1,6 @@
 """Every bad input raises ValueError or TypeError naming the argument, before any kernel
-runs (NumPy arrays, so these run wherever the package is installed)."""
+runs. NumPy arrays (and host memory labelled with another device through DLPack), so these
+run wherever the package is installed; the rules themselves live in src/api.cpp."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 import flashlab
+from dlpack_fake import CUDA, VULKAN, Labelled
 
 
 def _qkv(b=1, sq=16, sk=16, hq=2, hkv=2, d=32, dtype=np.float32):
@@ -19,83 +21,165 @@ def _expect(exc, pattern, fn, *args, **kw):
         fn(*args, **kw)
 
 
+attn = flashlab.flash_attn_func
+varlen = flashlab.flash_attn_varlen_func
+
+
+# ---- shapes -------------------------------------------------------------------------------
+
+
 def test_rank():
     q, k, v = _qkv()
-    _expect(ValueError, r"q must have rank 4", flashlab.flash_attn_func, q[0], k, v)
+    _expect(ValueError, r"q must have rank 4 \[batch, seqlen_q, heads_q, head_dim\], got rank 3",
+            attn, q[0], k, v)
+    _expect(ValueError, r"k must have rank 4", attn, q, k[0], v)
+    _expect(ValueError, r"v must have rank 1 to 4, got 5", attn, q, k, v[None])
 
 
 def test_batch_mismatch():
     q, k, v = _qkv()
-    k2 = np.ones((2,) + k.shape[1:], dtype=k.dtype)
-    _expect(ValueError, r"k\.shape\[0\]", flashlab.flash_attn_func, q, k2, v)
+    two = lambda x: np.ones((2,) + x.shape[1:], dtype=x.dtype)
+    _expect(ValueError, r"k\.shape\[0\] \(batch\) must be 1, got 2", attn, q, two(k), v)
+    _expect(ValueError, r"v\.shape\[0\] \(batch\) must be 1, got 2", attn, q, k, two(v))
+
+
+def test_seqlen_k_mismatch():
+    q, k, v = _qkv()
+    _expect(ValueError, r"v\.shape\[1\] \(seqlen_k\) must be 16, got 8", attn, q, k, v[:, :8])
+
+
+def test_heads_mismatch():
+    q, k, v = _qkv(hq=4, hkv=2)
+    _expect(ValueError, r"v\.shape\[2\] \(heads_kv\) must be 2, got 1", attn, q, k, v[:, :, :1])
 
 
 def test_head_dim_mismatch():
     q, k, v = _qkv()
-    _expect(ValueError, r"k\.shape\[3\]", flashlab.flash_attn_func, q, k[..., :16].copy(), v)
+    _expect(ValueError, r"k\.shape\[3\] \(head_dim\) must be 32, got 16", attn, q,
+            k[..., :16].copy(), v)
 
 
 def test_heads_not_a_multiple():
     q, k, v = _qkv(hq=3, hkv=2)
-    _expect(ValueError, r"heads_q \(3\) must be a multiple of heads_kv \(2\)",
-            flashlab.flash_attn_func, q, k, v)
+    _expect(ValueError, r"heads_q \(3\) must be a multiple of heads_kv \(2\)", attn, q, k, v)
 
 
 def test_head_dim_range():
-    q, k, v = _qkv(d=1100)
-    _expect(ValueError, r"head_dim must be in \[1, 1024\]", flashlab.flash_attn_func, q, k, v)
+    _expect(ValueError, r"head_dim must be in \[1, 1024\], got 1100", attn, *_qkv(d=1100))
+
+
+# ---- layout -------------------------------------------------------------------------------
 
 
 def test_last_dim_not_contiguous():
     q, k, v = _qkv(d=64)
-    _expect(ValueError, r"q must be contiguous in its last dimension",
-            flashlab.flash_attn_func, q[..., ::2], k[..., ::2].copy(), v[..., ::2].copy())
+    half = lambda x: x[..., ::2].copy()
+    _expect(ValueError, r"q must be contiguous in its last dimension \(stride\[3\] = 2, "
+                        r"must be 1\)", attn, q[..., ::2], half(k), half(v))
+    _expect(ValueError, r"v must be contiguous in its last dimension", attn, half(q), half(k),
+            v[..., ::2])
+
+
+def test_negative_stride():
+    q, k, v = _qkv()
+    _expect(ValueError, r"k\.stride\[1\] is negative", attn, q, k[:, ::-1], v)
+
+
+# ---- dtypes -------------------------------------------------------------------------------
 
 
 def test_dtype_mismatch():
     q, k, v = _qkv()
-    _expect(ValueError, r"k\.dtype \(fp64\) must match q\.dtype \(fp32\)",
-            flashlab.flash_attn_func, q, k.astype(np.float64), v)
+    _expect(ValueError, r"k\.dtype \(fp64\) must match q\.dtype \(fp32\)", attn, q,
+            k.astype(np.float64), v)
+    _expect(ValueError, r"v\.dtype \(fp16\) must match q\.dtype \(fp32\)", attn, q, k,
+            v.astype(np.float16))
 
 
-def test_unsupported_dtype_is_a_type_error():
+@pytest.mark.parametrize("dtype", [np.int64, np.complex64, np.bool_, np.int8])
+def test_unsupported_dtype_is_a_type_error(dtype):
     q, k, v = _qkv()
-    _expect(TypeError, r"q: unsupported dtype", flashlab.flash_attn_func,
-            q.astype(np.int64), k, v)
+    _expect(TypeError, r"q: unsupported dtype .*; use float16, bfloat16, float32, float64",
+            attn, q.astype(dtype), k, v)
+
+
+def test_int32_inputs_are_refused():
+    q, k, v = _qkv()
+    _expect(ValueError, r"q\.dtype must be fp16, bf16, fp32 or fp64, got int32", attn,
+            q.astype(np.int32), k.astype(np.int32), v.astype(np.int32))
 
 
 def test_not_an_array_is_a_type_error():
-    _, k, v = _qkv()
-    _expect(TypeError, r"q must be an array supporting DLPack", flashlab.flash_attn_func,
-            "not an array", k, v)
+    q, k, v = _qkv()
+    _expect(TypeError, r"q must be an array supporting DLPack", attn, "not an array", k, v)
+    _expect(TypeError, r"v must be an array supporting DLPack", attn, q, k, [[1.0]])
+    _expect(TypeError, r"qkv must be an array supporting DLPack",
+            flashlab.flash_attn_qkvpacked_func, None)
 
 
-@pytest.mark.parametrize("window, pattern", [((-2, -1), r"window_left must be -1"),
-                                             ((-1, -3), r"window_right must be -1"),
-                                             ((1, 2, 3), r"window_size must be \(left, right\)")])
+# ---- devices (host memory labelled through DLPack: validation must refuse it) -------------
+
+
+def test_mixed_devices_are_refused_before_any_kernel():
+    q, k, v = _qkv()
+    _expect(ValueError, r"k is on cuda:0 but q is on cpu:0", attn, q, Labelled(k, CUDA), v)
+    _expect(ValueError, r"v is on cuda:1 but q is on cpu:0", attn, q, k, Labelled(v, CUDA, 1))
+
+
+def test_cu_seqlens_on_another_device():
+    q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
+    _expect(ValueError, r"cu_seqlens_k must be on the device of q \(cpu\)", varlen, q, k, v,
+            cu_q, Labelled(cu_k, CUDA), 5, 5)
+
+
+def test_unknown_device_kind():
+    q, k, v = _qkv()
+    _expect(ValueError, r"q must be on the CPU or a CUDA device", attn, Labelled(q, VULKAN), k, v)
+
+
+# ---- options ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("window, pattern", [
+    ((-2, -1), r"window_left must be -1 \(unbounded\) or >= 0, got -2"),
+    ((-1, -3), r"window_right must be -1 \(unbounded\) or >= 0, got -3"),
+    ((1, 2, 3), r"window_size must be \(left, right\), got \(1, 2, 3\)"),
+    (4, r"window_size must be \(left, right\), got 4"),
+])
 def test_window(window, pattern):
-    _expect(ValueError, pattern, flashlab.flash_attn_func, *_qkv(), window_size=window)
+    _expect(ValueError, pattern, attn, *_qkv(), window_size=window)
 
 
-def test_softcap_negative():
-    _expect(ValueError, r"softcap must be finite and >= 0", flashlab.flash_attn_func, *_qkv(),
-            softcap=-1.0)
+@pytest.mark.parametrize("softcap", [-1.0, float("inf"), float("nan")])
+def test_softcap(softcap):
+    _expect(ValueError, r"softcap must be finite and >= 0", attn, *_qkv(), softcap=softcap)
 
 
-def test_softmax_scale_not_finite():
-    _expect(ValueError, r"softmax_scale must be finite", flashlab.flash_attn_func, *_qkv(),
-            softmax_scale=float("nan"))
+@pytest.mark.parametrize("scale", [float("nan"), float("inf")])
+def test_softmax_scale_not_finite(scale):
+    _expect(ValueError, r"softmax_scale must be finite", attn, *_qkv(), softmax_scale=scale)
 
 
 def test_unsupported_features_name_their_argument():
-    _expect(ValueError, r"dropout_p", flashlab.flash_attn_func, *_qkv(), dropout_p=0.1)
-    _expect(ValueError, r"alibi_slopes", flashlab.flash_attn_func, *_qkv(),
+    _expect(ValueError, r"dropout_p: only 0\.0 is supported", attn, *_qkv(), dropout_p=0.1)
+    _expect(ValueError, r"alibi_slopes: ALiBi is not supported", attn, *_qkv(),
             alibi_slopes=np.ones(2, dtype=np.float32))
+    _expect(ValueError, r"dropout_p", flashlab.flash_attn_qkvpacked_func,
+            np.ones((1, 8, 3, 2, 16), dtype=np.float32), dropout_p=0.5)
+
+
+def test_unknown_kernel():
+    _expect(ValueError, r"kernel 'fa9' is not in this build; known kernels: .*cpu_flash", attn,
+            *_qkv(), kernel="fa9")
 
 
 def test_qkvpacked_shape():
-    _expect(ValueError, r"qkv must have shape \[batch, seqlen, 3, heads, head_dim\]",
+    _expect(ValueError, r"qkv must have shape \[batch, seqlen, 3, heads, head_dim\], got "
+                        r"\(1, 8, 2, 2, 16\)",
             flashlab.flash_attn_qkvpacked_func, np.ones((1, 8, 2, 2, 16), dtype=np.float32))
+
+
+# ---- varlen -------------------------------------------------------------------------------
 
 
 def _packed(lens_q, lens_k, hq=2, hkv=2, d=16):
@@ -106,42 +190,102 @@ def _packed(lens_q, lens_k, hq=2, hkv=2, d=16):
     return q, k, k.copy(), cu_q, cu_k
 
 
+def test_varlen_rank():
+    q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
+    _expect(ValueError, r"q must have rank 3 \[total_q, heads_q, head_dim\], got rank 4", varlen,
+            q[None], k, v, cu_q, cu_k, 5, 5)
+
+
 def test_cu_seqlens_dtype():
     q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
-    _expect(ValueError, r"maybe_cu_seqlens_q\.dtype must be int32",
-            flashlab.flash_attn_varlen_func, q, k, v, cu_q.astype(np.float32), cu_k, 5, 5)
+    _expect(ValueError, r"cu_seqlens_q\.dtype must be int32, got fp32", varlen, q, k, v,
+            cu_q.astype(np.float32), cu_k, 5, 5)
+    _expect(TypeError, r"cu_seqlens_k: unsupported dtype", varlen, q, k, v, cu_q,
+            cu_k.astype(np.int64), 5, 5)
+
+
+def test_cu_seqlens_rank_and_size():
+    q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
+    _expect(ValueError, r"cu_seqlens_q must have rank 1 \[batch \+ 1\]", varlen, q, k, v,
+            cu_q[None], cu_k, 5, 5)
+    _expect(ValueError, r"cu_seqlens_q must have batch \+ 1 >= 1 entries, got 0", varlen, q, k,
+            v, cu_q[:0], cu_k[:0], 5, 5)
+
+
+def test_cu_seqlens_missing():
+    q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
+    _expect(ValueError, r"cu_seqlens_q and cu_seqlens_k are required", varlen, q, k, v, None,
+            cu_k, 5, 5)
 
 
 def test_cu_seqlens_first_entry():
     q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
     bad = cu_q.copy()
     bad[0] = 1
-    _expect(ValueError, r"maybe_cu_seqlens_q\[0\] must be 0", flashlab.flash_attn_varlen_func,
-            q, k, v, bad, cu_k, 5, 5)
+    _expect(ValueError, r"cu_seqlens_q\[0\] must be 0, got 1", varlen, q, k, v, bad, cu_k, 5, 5)
 
 
 def test_cu_seqlens_non_decreasing():
     q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
-    bad = np.array([0, 3, 2, 9], dtype=np.int32)
-    cu_k3 = np.array([0, 4, 9, 9], dtype=np.int32)
-    _expect(ValueError, r"maybe_cu_seqlens_q must be non-decreasing",
-            flashlab.flash_attn_varlen_func, q, k, v, bad, cu_k3, 7, 5)
+    _expect(ValueError, r"cu_seqlens_q must be non-decreasing: \[2\] = 2 < \[1\] = 3", varlen,
+            q, k, v, np.array([0, 3, 2, 9], dtype=np.int32),
+            np.array([0, 4, 9, 9], dtype=np.int32), 7, 5)
 
 
 def test_cu_seqlens_lengths_differ():
     q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
-    _expect(ValueError, r"must have the same length", flashlab.flash_attn_varlen_func,
+    _expect(ValueError, r"cu_seqlens_q and maybe_cu_seqlens_k must have the same length "
+                        r"\(batch \+ 1\), got 3 and 2", varlen,
             q, k, v, cu_q, np.array([0, 9], dtype=np.int32), 5, 9)
+
+
+def test_cu_seqlens_past_the_packed_rows():
+    q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
+    _expect(ValueError, r"cu_seqlens_k\[2\] = 10 exceeds the 9 rows of the packed tensor",
+            varlen, q, k, v, cu_q, np.array([0, 4, 10], dtype=np.int32), 5, 6)
+
+
+def test_max_seqlen():
+    q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
+    _expect(ValueError, r"cu_seqlens_q: sequence 1 has length 5 > max_seqlen_q = 4", varlen,
+            q, k, v, cu_q, cu_k, 4, 5)
+    _expect(ValueError, r"max_seqlen_k must be >= 0", varlen, q, k, v, cu_q, cu_k, 5, -1)
 
 
 def test_block_table_is_refused():
     q, k, v, cu_q, cu_k = _packed([4], [4])
-    _expect(ValueError, r"block_table", flashlab.flash_attn_varlen_func, q, k, v, cu_q, cu_k,
+    _expect(ValueError, r"block_table: paged KV is not supported", varlen, q, k, v, cu_q, cu_k,
             4, 4, block_table=np.zeros((1, 1), dtype=np.int32))
 
 
-def test_backward_lse_shape():
+# ---- backward (NumPy) ---------------------------------------------------------------------
+
+
+def _forward():
     q, k, v = _qkv()
-    out, lse, _ = flashlab.flash_attn_func(q, k, v, return_attn_probs=True)
-    _expect(ValueError, r"lse", flashlab.attention_backward, q, k, v, out, out,
-            lse[:, :, :8].copy())
+    out, lse, _ = attn(q, k, v, return_attn_probs=True)
+    return q, k, v, out, lse
+
+
+def test_backward_lse_shape_and_dtype():
+    q, k, v, out, lse = _forward()
+    _expect(ValueError, r"lse\.shape\[2\] \(seqlen_q\) must be 16, got 8",
+            flashlab.attention_backward, q, k, v, out, out, lse[:, :, :8].copy())
+    _expect(ValueError, r"lse\.dtype must be fp32, got fp64", flashlab.attention_backward,
+            q, k, v, out, out, lse.astype(np.float64))
+
+
+def test_backward_dout_shape_and_dtype():
+    q, k, v, out, lse = _forward()
+    _expect(ValueError, r"dout \[1, 8, 2, 32\] must have the shape of out \[1, 16, 2, 32\]",
+            flashlab.attention_backward, q, k, v, out, out[:, :8].copy(), lse)
+    _expect(ValueError, r"dout\.dtype \(fp16\) must match q\.dtype \(fp32\)",
+            flashlab.attention_backward, q, k, v, out, out.astype(np.float16), lse)
+
+
+def test_backward_options_are_checked_too():
+    q, k, v, out, lse = _forward()
+    _expect(ValueError, r"window_left must be -1", flashlab.attention_backward, q, k, v, out,
+            out, lse, window_size=(-5, 0))
+    _expect(ValueError, r"kernel 'nope' is not in this build", flashlab.attention_backward,
+            q, k, v, out, out, lse, kernel="nope")

@@ -97,12 +97,12 @@ def _options(
     window_size: Sequence[int],
     softcap: float,
     kernel: str,
-    cu_seqlens_q: Any = None,
-    cu_seqlens_k: Any = None,
+    cu_seqlens_q: Optional[Array] = None,
+    cu_seqlens_k: Optional[Array] = None,
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
-    stream: int = 0,
 ) -> "_flashlab.Options":
+    """The native Options of one call (the torch ops add the stream and the workspace)."""
     o = _flashlab.Options()
     o.softmax_scale = None if softmax_scale is None else float(softmax_scale)
     o.causal = bool(causal)
@@ -113,11 +113,11 @@ def _options(
     o.cu_seqlens_k = cu_seqlens_k
     o.max_seqlen_q = int(max_seqlen_q)
     o.max_seqlen_k = int(max_seqlen_k)
-    o.stream = int(stream)
     return o
 
 
-# ---- NumPy (and any non-torch DLPack array): forward and explicit backward -----------------
+# ---- NumPy: forward and explicit backward ------------------------------------------------
+# (Another DLPack array takes this path too and gets NumPy outputs, on the host.)
 
 
 def _lse_shape(q: Array, varlen: bool) -> Tuple[int, ...]:

@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch.utils.dlpack import to_dlpack
 
-from . import _flashlab, _kernel_for
+from . import _flashlab, _kernel_for, _options
 
 
 def _stream(t: torch.Tensor) -> int:
@@ -27,17 +27,13 @@ def _dl(*tensors: Optional[torch.Tensor]) -> List[Any]:
     return [None if t is None else to_dlpack(t) for t in tensors]
 
 
-def _opts(cu_q: Optional[torch.Tensor], cu_k: Optional[torch.Tensor], max_q: int, max_k: int,
-          scale: Optional[float], causal: bool, wl: int, wr: int, softcap: float, kernel: str,
-          stream: int) -> "_flashlab.Options":
-    o = _flashlab.Options()
-    o.max_seqlen_q, o.max_seqlen_k = int(max_q), int(max_k)
-    o.softmax_scale = scale
-    o.causal = causal
-    o.window_left, o.window_right = wl, wr
-    o.softcap = softcap
-    o.kernel = kernel
-    o.stream = stream
+def _opts(max_q: int, max_k: int, scale: Optional[float], causal: bool, wl: int, wr: int,
+          softcap: float, kernel: str, backward: bool, like: torch.Tensor) -> "_flashlab.Options":
+    """The call's Options, on the current stream of `like`'s device. The cu_seqlens capsules
+    are set per native call (see _dl)."""
+    o = _options(softmax_scale=scale, causal=causal, window_size=(wl, wr), softcap=softcap,
+                 kernel=_kernel_for(kernel, backward), max_seqlen_q=max_q, max_seqlen_k=max_k)
+    o.stream = _stream(like)
     return o
 
 
@@ -57,8 +53,8 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optiona
     # `deterministic` only matters to the backward; the op carries it for autograd.
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
     lse = torch.empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32, device=q.device)
-    o = _opts(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-              window_left, window_right, softcap, _kernel_for(kernel, False), _stream(q))
+    o = _opts(max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+              softcap, kernel, False, q)
     tensors = (q, k, v, out, lse)
 
     def call(size_only: bool) -> int:
@@ -87,8 +83,8 @@ def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
         softcap: float, deterministic: bool, kernel: str
         ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    o = _opts(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-              window_left, window_right, softcap, kernel, _stream(q))
+    o = _opts(max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+              softcap, kernel, True, q)
     # autograd may hand over a broadcast (stride-0) or otherwise strided gradient.
     tensors = (q, k, v, out, dout.contiguous(), lse, dq, dk, dv)
 
@@ -122,7 +118,7 @@ def _backward(ctx: Any, dout: torch.Tensor, dlse: Optional[torch.Tensor]) -> Tup
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     max_q, max_k, scale, causal, wl, wr, softcap, det, kernel = ctx.args
     dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr,
-                     softcap, det, _kernel_for(kernel, True))
+                     softcap, det, kernel)
     return (dq, dk, dv) + (None,) * 11
 
 

@@ -1,4 +1,4 @@
-// Registry entries of the CUDA backend, in ladder order.
+// Registry entries of the CUDA backend: the ladder in order, then the production kernels.
 #pragma once
 
 #include "common/registry.h"
@@ -10,5 +10,6 @@ KernelEntry fa1_entry();           // src/cuda/ladder/02_fa1.cu
 KernelEntry fa2_simt_entry();      // src/cuda/ladder/03_fa2_simt.cu
 KernelEntry fa2_mma_entry();       // src/cuda/ladder/04_fa2_mma.cu
 KernelEntry fa2_simt_bwd_entry();  // src/cuda/ladder/05_fa2_simt_bwd.cu
+KernelEntry cute_fa2_fwd_entry();  // src/cuda/sm80/fwd_dispatch.cu
 
 }  // namespace flashlab

@@ -1,0 +1,90 @@
+// The CuTe FlashAttention-2 forward (sm80 path): runtime → compile-time switching in one
+// place, supports(), run() and the registry entry `cute_fa2`. This file has no CuTe in it:
+// each (dtype, head dim) is compiled in its own instantiations/fwd_hdim*_*.cu.
+//
+// Structure: fwd_traits.h (every compile-time choice), fwd_kernel.cuh (scheduler,
+// mainloop, softmax, epilogue, launch), docs/sm80/fwd.md (the traits table and numbers).
+#include <string>
+
+#include "cuda/common.cuh"
+#include "cuda/cuda_kernels.h"
+#include "cuda/sm80/fwd_instance.h"
+
+namespace flashlab::sm80 {
+namespace {
+
+// One instantiation's entry points (fwd_instance.h).
+struct Instance {
+  Status (*run)(const FwdParams&);
+  const void* (*kernel)();
+  int (*smem_bytes)();
+};
+
+template <DType kDtype, int kHeadDim>
+constexpr Instance instance() {
+  using I = FwdInstance<kDtype, kHeadDim>;
+  return {&I::run, &I::kernel, &I::smem_bytes};
+}
+
+// The runtime → compile-time switch: the instantiation that serves p (dtype and head dim
+// already checked by supports()).
+Instance instance_for(const FwdParams& p) {
+  const bool fp16 = p.dtype == DType::kF16;
+  switch (p.head_dim) {
+    case 64: return fp16 ? instance<DType::kF16, 64>() : instance<DType::kBF16, 64>();
+    case 96: return fp16 ? instance<DType::kF16, 96>() : instance<DType::kBF16, 96>();
+    case 128: return fp16 ? instance<DType::kF16, 128>() : instance<DType::kBF16, 128>();
+    case 192: return fp16 ? instance<DType::kF16, 192>() : instance<DType::kBF16, 192>();
+    default: return fp16 ? instance<DType::kF16, 256>() : instance<DType::kBF16, 256>();
+  }
+}
+
+bool head_dim_supported(int d) { return d == 64 || d == 96 || d == 128 || d == 192 || d == 256; }
+
+std::string supports(const FwdParams& p) {
+  if (p.device != Device::kCUDA) return "runs on CUDA tensors only";
+  if (p.dtype != DType::kF16 && p.dtype != DType::kBF16)
+    return std::string(to_string(p.dtype)) +
+           " is not supported: the m16n8k16 tensor-core MMA takes fp16 or bf16 inputs";
+  if (p.head_dim != p.head_dim_v)
+    return "head_dim (" + std::to_string(p.head_dim) + ") must equal head_dim_v (" +
+           std::to_string(p.head_dim_v) + ")";
+  if (!head_dim_supported(p.head_dim))
+    return "head_dim must be 64, 96, 128, 192 or 256 (the instantiations built), got " +
+           std::to_string(p.head_dim);
+  // The running max is kept in raw-score units and scaled inside the exp2's FMA, which
+  // orders scores correctly only for a positive scale (softcap's tanh path scales first).
+  if (p.scale < 0.f && p.mask.softcap <= 0.f)
+    return "softmax_scale must be >= 0 without softcap, got " + std::to_string(p.scale);
+  if (p.heads_q > 65535) return "heads_q must be <= 65535 (grid y)";
+  if (p.batch > 65535) return "batch must be <= 65535 (grid z)";
+  const Instance in = instance_for(p);
+  return cuda::device_supports(p.device_index, in.smem_bytes(), in.kernel());
+}
+
+Status run(const FwdParams& p) {
+  if (p.seqlen_q == 0 || p.batch == 0 || p.heads_q == 0) return {};  // no row to write
+  cuda::DeviceGuard guard(p.device_index);
+  return instance_for(p).run(p);
+}
+
+}  // namespace
+}  // namespace flashlab::sm80
+
+namespace flashlab {
+
+KernelEntry cute_fa2_fwd_entry() {
+  KernelEntry e;
+  e.info = {"cute_fa2", "sm80+",
+            "CuTe FlashAttention-2 forward (sm80 path): TiledMMA m16n8k16, cp.async K/V "
+            "pipeline, swizzled smem, ldmatrix, P in registers; fp16/bf16, head dim "
+            "64/96/128/192/256, causal, window, softcap, GQA/MQA, varlen, LSE; no dropout, "
+            "forward only",
+            true, false};
+  e.auto_priority = 40;  // auto's GPU forward: above fa2_mma (30)
+  e.supports_fwd = sm80::supports;
+  e.run_fwd = sm80::run;
+  return e;
+}
+
+}  // namespace flashlab

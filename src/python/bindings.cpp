@@ -128,6 +128,23 @@ void fill_common(const Options& o, CommonArgs* a, Keep* keep) {
   }
 }
 
+// The workspace bytes the call needs (`size_only`), else runs it without the GIL; 0.
+template <class Args>
+size_t size_or_run(const Args& a, bool size_only, Status (*run)(const Args&) noexcept) {
+  if (size_only) {
+    size_t bytes = 0;
+    raise_if_error(flashlab::workspace_size(a, &bytes));
+    return bytes;
+  }
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = run(a);
+  }
+  raise_if_error(s);
+  return 0;
+}
+
 // `size_only`: return the workspace bytes instead of running.
 size_t forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
                const Options& o, bool size_only) {
@@ -139,18 +156,7 @@ size_t forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::han
   a.v = view(v, "v", &keep);
   a.out = view(out, "out", &keep);
   a.maybe_lse = view(lse, "lse", &keep);
-  size_t bytes = 0;
-  if (size_only) {
-    raise_if_error(flashlab::workspace_size(a, &bytes));
-    return bytes;
-  }
-  Status s;
-  {
-    nb::gil_scoped_release release;
-    s = flashlab::forward(a);
-  }
-  raise_if_error(s);
-  return 0;
+  return size_or_run(a, size_only, flashlab::forward);
 }
 
 size_t backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle dout,
@@ -169,18 +175,7 @@ size_t backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::ha
   a.dk = view(dk, "dk", &keep);
   a.dv = view(dv, "dv", &keep);
   a.deterministic = deterministic;
-  size_t bytes = 0;
-  if (size_only) {
-    raise_if_error(flashlab::workspace_size(a, &bytes));
-    return bytes;
-  }
-  Status s;
-  {
-    nb::gil_scoped_release release;
-    s = flashlab::backward(a);
-  }
-  raise_if_error(s);
-  return 0;
+  return size_or_run(a, size_only, flashlab::backward);
 }
 
 }  // namespace

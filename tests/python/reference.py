@@ -31,28 +31,39 @@ def allowed(sq: int, sk: int, causal: bool, window: Sequence[int]) -> np.ndarray
     return ok
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: Optional[float] = None,
-              causal: bool = False, window: Sequence[int] = (-1, -1), softcap: float = 0.0
-              ) -> Tuple[np.ndarray, np.ndarray]:
-    """q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D*] → out [B, Sq, Hq, Dv] and lse [B, Hq, Sq], fp64."""
+def _scores(q, k, v, scale, causal, window, softcap):
+    """The fp64 pieces both passes start from: q, K and V repeated per query head, the scaled
+    scores before softcap `raw` [B, H, Sq, Sk], the masked logits `s` (−inf where hidden), the
+    scale, and the GQA group."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
+    hq, d, hkv = q.shape[2], q.shape[3], k.shape[2]
     scale = 1.0 / np.sqrt(d) if scale is None else scale
     rep = hq // hkv
-    kk = np.repeat(k, rep, axis=2)
-    vv = np.repeat(v, rep, axis=2)
-    s = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
-    if softcap > 0:
-        s = softcap * np.tanh(s / softcap)
-    ok = allowed(sq, sk, causal, window)
-    s = np.where(ok[None, None], s, -np.inf)
+    kk, vv = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)
+    raw = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
+    s = softcap * np.tanh(raw / softcap) if softcap > 0 else raw
+    s = np.where(allowed(q.shape[1], k.shape[1], causal, window)[None, None], s, -np.inf)
+    return q, kk, vv, raw, s, scale, rep
+
+
+def _softmax(s):
+    """(P, row max made finite, row sum): rows that see no key get P = 0."""
     m = s.max(axis=-1, keepdims=True, initial=-np.inf)
     msafe = np.where(np.isfinite(m), m, 0.0)
     p = np.exp(s - msafe)
     l = p.sum(axis=-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.where(l > 0, np.einsum("bhqk,bkhd->bhqd", p, vv) / l, 0.0)
+        return np.where(l > 0, p / l, 0.0), msafe, l
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: Optional[float] = None,
+              causal: bool = False, window: Sequence[int] = (-1, -1), softcap: float = 0.0
+              ) -> Tuple[np.ndarray, np.ndarray]:
+    """q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D*] → out [B, Sq, Hq, Dv] and lse [B, Hq, Sq], fp64."""
+    _, _, vv, _, s, _, _ = _scores(q, k, v, scale, causal, window, softcap)
+    p, msafe, l = _softmax(s)
+    out = np.einsum("bhqk,bkhd->bhqd", p, vv)
+    with np.errstate(divide="ignore"):
         lse = np.where(l[..., 0] > 0, msafe[..., 0] + np.log(l[..., 0]), -np.inf)
     return out.transpose(0, 2, 1, 3), lse
 
@@ -99,22 +110,10 @@ def lowp_attention(q, k, v, *, scale=None, causal=False, window=(-1, -1), softca
 def attention_backward(q, k, v, dout, *, scale=None, causal=False, window=(-1, -1),
                        softcap=0.0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """fp64 gradients (dq, dk, dv) of sum(out ∘ dout) for the dense layout."""
-    q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
-    b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    scale = 1.0 / np.sqrt(d) if scale is None else scale
-    rep = hq // hkv
-    kk = np.repeat(k, rep, axis=2)
-    vv = np.repeat(v, rep, axis=2)
-    raw = np.einsum("bqhd,bkhd->bhqk", q, kk) * scale
-    s = softcap * np.tanh(raw / softcap) if softcap > 0 else raw
-    ok = allowed(sq, sk, causal, window)[None, None]
-    s = np.where(ok, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True, initial=-np.inf)
-    p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
-    l = p.sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = np.where(l > 0, p / l, 0.0)
+    q, kk, vv, raw, s, scale, rep = _scores(q, k, v, scale, causal, window, softcap)
+    dout = np.asarray(dout, dtype=np.float64)
+    hkv = k.shape[2]
+    p, _, _ = _softmax(s)
     do = dout.transpose(0, 2, 1, 3)  # [B, H, Sq, Dv]
     dvv = np.einsum("bhqk,bhqd->bkhd", p, do)
     dp = np.einsum("bhqd,bkhd->bhqk", do, vv)

@@ -1,7 +1,8 @@
 # Finds CUTLASS/CuTe headers and sets FLASHLAB_CUTLASS_INCLUDE.
 #   1. -DCUTLASS_DIR=<dir> (a CUTLASS checkout or its include/ folder), or
 #   2. cutlass/cutlass.h on the default include path, or
-#   3. the nvidia-cutlass package from PyPI, installed into the build tree
+#   3. the nvidia-cutlass package of the Python that CMake finds, else that package from
+#      PyPI, installed into the build tree
 #      (${CMAKE_BINARY_DIR}/_deps/nvidia-cutlass) and used from its
 #      cutlass_library/source/include. No copy of CUTLASS lives in the repository.
 set(FLASHLAB_CUTLASS_VERSION "4.2.0.0" CACHE STRING "nvidia-cutlass version fetched from PyPI when no CUTLASS is found")
@@ -34,10 +35,30 @@ function(flashlab_find_cutlass)
   endif()
 
   find_package(Python3 COMPONENTS Interpreter REQUIRED)
+  # An nvidia-cutlass already installed for this Python.
+  execute_process(
+    COMMAND ${Python3_EXECUTABLE} -c
+            "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))"
+    RESULT_VARIABLE rc OUTPUT_VARIABLE dir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  if(rc EQUAL 0 AND EXISTS "${dir}/cute/tensor.hpp")
+    set(FLASHLAB_CUTLASS_INCLUDE "${dir}" CACHE PATH "CUTLASS include folder" FORCE)
+    message(STATUS "FlashLab: CUTLASS headers at ${dir}")
+    return()
+  endif()
   set(target "${CMAKE_BINARY_DIR}/_deps/nvidia-cutlass")
   message(STATUS "FlashLab: no CUTLASS found; installing nvidia-cutlass==${FLASHLAB_CUTLASS_VERSION} into ${target}")
+  # This Python's pip, else any pip on the PATH (pip install . builds in an isolated
+  # environment whose Python may have no pip module).
+  set(pip ${Python3_EXECUTABLE} -m pip)
+  execute_process(COMMAND ${pip} --version RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+  if(NOT rc EQUAL 0)
+    find_program(FLASHLAB_PIP NAMES pip3 pip)
+    if(FLASHLAB_PIP)
+      set(pip ${FLASHLAB_PIP})
+    endif()
+  endif()
   execute_process(
-    COMMAND ${Python3_EXECUTABLE} -m pip install --quiet --disable-pip-version-check --no-deps
+    COMMAND ${pip} install --quiet --disable-pip-version-check --no-deps
             --target "${target}" "nvidia-cutlass==${FLASHLAB_CUTLASS_VERSION}"
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   set(dir "${target}/cutlass_library/source/include")

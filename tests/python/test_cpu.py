@@ -4,6 +4,10 @@ oracle in reference.py: a tight absolute bound for fp32/fp64, DESIGN.md's rule f
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -186,6 +190,16 @@ def test_named_kernel_that_cannot_run_says_why(rng):
     q, k, v = _inputs(rng, 1, 16, 16, 2, 2, 32, np.float64)
     with pytest.raises(ValueError, match=r"kernel 'cpu_flash' does not support this call: fp64"):
         flashlab.flash_attn_func(q, k, v, kernel="cpu_flash")
+
+
+def test_torch_imports_after_flashlab():
+    """flashlab first, torch second, in a fresh process: once crashed in torch's operator
+    registry, because the module exported the libstdc++ it had linked statically."""
+    pytest.importorskip("torch")
+    code = "import flashlab, torch; torch.ops.aten.add; print('ok')"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stderr[-2000:])
 
 
 def test_kernels_lists_the_registry():

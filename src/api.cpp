@@ -326,6 +326,8 @@ Status fill_common(const CommonArgs& a, const Dims& d, const Tensor& q, AttnPara
   if (!std::isfinite(a.softcap) || a.softcap < 0.f)
     return invalid("softcap must be finite and >= 0 (0 = off), got " + std::to_string(a.softcap));
   if (a.num_threads < 0) return invalid("num_threads must be >= 0 (0 = all hardware threads)");
+  if (!(a.dropout_p >= 0.f && a.dropout_p < 1.f))
+    return invalid("dropout_p must be in [0, 1), got " + std::to_string(a.dropout_p));
 
   p->dtype = q.dtype;
   p->device = q.device;
@@ -358,6 +360,7 @@ Status fill_common(const CommonArgs& a, const Dims& d, const Tensor& q, AttnPara
   p->mask.window_left = wl;
   p->mask.window_right = wr;
   p->mask.softcap = a.softcap;
+  p->dropout = DropoutPolicy::make(a.dropout_p, a.dropout_seed, a.dropout_offset);
 
   p->workspace = a.workspace;
   p->workspace_bytes = a.workspace_bytes;
@@ -461,6 +464,7 @@ template <>
 struct Pass<FwdParams> {
   static constexpr const char* kName = "forward";
   static bool has(const KernelEntry& e) { return e.run_fwd != nullptr; }
+  static bool dropout(const KernelEntry& e) { return e.info.forward_dropout; }
   static std::string supports(const KernelEntry& e, const FwdParams& p) { return e.supports_fwd(p); }
   static size_t workspace(const KernelEntry& e, const FwdParams& p) {
     return e.workspace_fwd ? e.workspace_fwd(p) : 0;
@@ -471,12 +475,21 @@ template <>
 struct Pass<BwdParams> {
   static constexpr const char* kName = "backward";
   static bool has(const KernelEntry& e) { return e.run_bwd != nullptr; }
+  static bool dropout(const KernelEntry& e) { return e.info.backward_dropout; }
   static std::string supports(const KernelEntry& e, const BwdParams& p) { return e.supports_bwd(p); }
   static size_t workspace(const KernelEntry& e, const BwdParams& p) {
     return e.workspace_bwd ? e.workspace_bwd(p) : 0;
   }
   static Status run(const KernelEntry& e, const BwdParams& p) { return e.run_bwd(p); }
 };
+
+// What the registry's flags say, then what the kernel's own supports() says.
+template <class P>
+std::string why_not(const KernelEntry& e, const P& p) {
+  if (p.dropout.enabled() && !Pass<P>::dropout(e))
+    return "dropout_p > 0 is not supported (dropout_p = " + std::to_string(p.dropout.p) + ")";
+  return Pass<P>::supports(e, p);
+}
 
 template <class P>
 Status choose(std::string_view name, const P& p, const KernelEntry** chosen) {
@@ -488,7 +501,7 @@ Status choose(std::string_view name, const P& p, const KernelEntry** chosen) {
       if (!X::has(e))
         return {StatusCode::kUnsupported,
                 "kernel '" + std::string(name) + "' has no " + X::kName + " pass"};
-      std::string why = X::supports(e, p);
+      std::string why = why_not(e, p);
       if (!why.empty())
         return {StatusCode::kUnsupported,
                 "kernel '" + std::string(name) + "' does not support this call: " + why};
@@ -504,7 +517,7 @@ Status choose(std::string_view name, const P& p, const KernelEntry** chosen) {
   std::string reasons;
   for (const KernelEntry& e : entries) {
     if (e.auto_priority <= 0 || !X::has(e)) continue;
-    std::string why = X::supports(e, p);
+    std::string why = why_not(e, p);
     if (!why.empty()) {
       reasons += "\n  " + std::string(e.info.name) + ": " + why;
       continue;

@@ -253,6 +253,64 @@ void run_suite(std::string_view kernel, bool backward, const std::vector<Case>& 
   tally.finish(kernel, backward ? "backward" : "forward", count);
 }
 
+void check_dropout_mask(std::string_view kernel, DType dtype, PlacementFactory make_placement) {
+  const KernelInfo* info = find_kernel(kernel);
+  ASSERT_NE(info, nullptr) << "kernel '" << kernel << "' is not in the registry";
+  if (!info->forward_dropout)
+    GTEST_SKIP() << "kernel '" << kernel << "' takes no dropout (" << info->summary << ")";
+  FLASHLAB_SEED_TRACE();
+  std::mt19937_64 rng = rng_for(std::string(kernel) + "/dropout mask");
+  constexpr int kKeys = 64;  // = head_dim_v: V is the identity
+  constexpr float kP = 0.3f;
+  Problem p = dense(dtype, 2, 300, kKeys, 4, 2, 64).no_lse().scaled(0.05f);
+  p.drop(kP, rng(), rng() >> 40);
+  SCOPED_TRACE(p.describe());
+  Inputs in = make_inputs(p, rng);
+  for (int64_t e = 0; e < in.v.numel(); ++e) {
+    const int64_t d = e % kKeys, j = (e / (kKeys * p.heads_kv)) % kKeys;  // [b, j, hk, d]
+    in.v.set(e, d == j ? 1.0 : 0.0);
+  }
+  HostTensor out = make_out(p);
+  std::unique_ptr<Placement> where = make_placement();
+  ForwardArgs a = forward_args(p, where->place(in.q), where->place(in.k), where->place(in.v),
+                               where->place(out), Tensor{}, Tensor{}, Tensor{});
+  if (!where->ok()) return;
+  a.kernel = kernel;
+  a.stream = where->stream();
+  std::string name;
+  const Status sel = select_kernel(a, &name);
+  if (sel.code() == StatusCode::kUnsupported) GTEST_SKIP() << sel.message();
+  ASSERT_OK(sel);
+  if (!give_workspace(&a, *where)) return;
+  ASSERT_OK(forward(a));
+  ASSERT_TRUE(fetch_all(*where, {&out}));
+
+  // out[b, i, h, j] = P_ij · M_ij / (1 − p): zero exactly where the mask drops (b, h, i, j).
+  const DropoutPolicy policy = dropout_of(p);
+  const std::vector<double> o = out.to_f64();
+  int64_t dropped = 0, wrong = 0, total = 0;
+  std::string first_wrong;
+  for (int b = 0; b < p.batch; ++b)
+    for (int i = 0; i < p.seqlen_q; ++i)
+      for (int h = 0; h < p.heads_q; ++h)
+        for (int j = 0; j < kKeys; ++j) {
+          const double x = o[size_t(((int64_t(b) * p.seqlen_q + i) * p.heads_q + h) * kKeys + j)];
+          const bool want_kept = policy.keep(uint32_t(b * p.heads_q + h), i, j);
+          dropped += x == 0.0;
+          ++total;
+          if ((x != 0.0) != want_kept && wrong++ == 0)
+            first_wrong = "(b " + std::to_string(b) + ", i " + std::to_string(i) + ", h " +
+                          std::to_string(h) + ", j " + std::to_string(j) + ") out " +
+                          std::to_string(x) + (want_kept ? ", kept by the policy" : ", dropped by the policy");
+        }
+  EXPECT_EQ(wrong, 0) << wrong << " of " << total << " elements disagree with "
+                      << "DropoutPolicy::keep; first " << first_wrong;
+  const double fraction = double(dropped) / double(total);
+  EXPECT_NEAR(fraction, kP, 0.01) << dropped << " of " << total << " dropped";
+  std::cout << "[ " << kernel << " dropout ] dropped " << fraction << " of " << total
+            << " (p = " << kP << ")" << std::endl;
+}
+
 std::vector<std::string> cpu_kernels_under_test() {
   std::vector<std::string> names;
   for (const KernelInfo& k : kernels())

@@ -68,6 +68,12 @@ std::unique_ptr<Placement> make_host_placement();
 void check_forward(std::string_view kernel, const Case& c, PlacementFactory where, Tally* tally);
 void check_backward(std::string_view kernel, const Case& c, PlacementFactory where, Tally* tally);
 
+// Dropout's mask as the kernel applies it: with V the identity (as many keys as V's head
+// dim), out[b, i, h, j] = P_ij · M_ij / (1 − p), so the zeros of out are the dropped pairs.
+// They must be exactly those DropoutPolicy::keep drops, and their fraction within 0.01 of
+// p. Skips with the reason when the kernel takes no dropout or not this call.
+void check_dropout_mask(std::string_view kernel, DType dtype, PlacementFactory where);
+
 // One pass of one kernel over a table of cases, then the tally. A kernel that registers
 // neither pass fails; one that lacks only this pass is skipped with that reason.
 void run_suite(std::string_view kernel, bool backward, const std::vector<Case>& cases,

@@ -308,6 +308,7 @@ std::string Problem::describe() const {
   if (causal) s << " causal";
   if (window_left >= 0 || window_right >= 0) s << " window(" << window_left << "," << window_right << ")";
   if (softcap > 0) s << " softcap" << softcap;
+  if (dropout_p > 0) s << " dropout" << dropout_p << " seed" << dropout_seed;
   if (scale) s << " scale" << *scale;
   if (!pad.empty()) {
     s << " pad{";
@@ -355,6 +356,10 @@ MaskPolicy mask_of(const Problem& p) {
   if (p.causal) m.window_right = 0;
   m.softcap = p.softcap;
   return m;
+}
+
+DropoutPolicy dropout_of(const Problem& p) {
+  return DropoutPolicy::make(p.dropout_p, p.dropout_seed, p.dropout_offset);
 }
 
 float scale_of(const Problem& p) {
@@ -434,6 +439,9 @@ void fill_common(const Problem& p, const Tensor& cu_q, const Tensor& cu_k, Commo
   a->window_left = p.window_left;
   a->window_right = p.window_right;
   a->softcap = p.softcap;
+  a->dropout_p = p.dropout_p;
+  a->dropout_seed = p.dropout_seed;
+  a->dropout_offset = p.dropout_offset;
   a->num_threads = p.num_threads;
 }
 
@@ -577,6 +585,7 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
   const float root = float(std::sqrt(std::abs(double(scale))));
   const float q_mul = scale < 0.f ? -root : root, k_mul = root;
   const float cap = p.softcap;
+  const DropoutPolicy drop = dropout_of(p);
   const int B = p.batch, Hq = p.heads_q, Hkv = p.heads_kv, G = Hq / Hkv;
   const int D = p.head_dim, Dv = p.head_dim_v;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -600,6 +609,11 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
     auto do_at = [&](int i, int h) { return &dO[size_t(((start_q[b] + i) * Hq + h) * Dv)]; };
     auto k_at = [&](int j) { return &Ks[size_t(((start_k[b] + j) * Hkv + hk) * D)]; };
     auto v_at = [&](int j) { return &V[size_t(((start_k[b] + j) * Hkv + hk) * Dv)]; };
+    // Dropout's factor (torch: x · mask · 1/(1 − p)): 0, 1/(1 − p), or 1 when off.
+    auto zf = [&](int h, int i, int j) {
+      if (!drop.enabled()) return 1.f;
+      return drop.keep(uint32_t(b * Hq + h), i, j) ? drop.rescale : 0.f;
+    };
 
     // Per (row, key) of one head: U (the rounded tanh, softcap only), P, then dS.
     std::vector<float> U(size_t(lq) * lk), P(size_t(lq) * lk), dS(size_t(lq) * lk);
@@ -638,7 +652,8 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
         std::fill(acc.begin(), acc.begin() + Dv, 0.f);
         for (int j = jb; j < je; ++j) {
           const float* vj = v_at(j);
-          for (int d = 0; d < Dv; ++d) acc[d] += prow[j] * vj[d];
+          const float z = rnd(prow[j] * zf(h, i, j));
+          for (int d = 0; d < Dv; ++d) acc[d] += z * vj[d];
         }
         for (int d = 0; d < Dv; ++d) r.out[size_t(orow + d)] = rnd(acc[d]);
       }
@@ -657,9 +672,11 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
           const float* vj = v_at(j);
           float dp = 0.f;
           for (int d = 0; d < Dv; ++d) dp += doi[d] * vj[d];
-          dsrow[j] = rnd(dp);  // dP
+          const float f = zf(h, i, j);
+          dsrow[j] = f == 1.f ? rnd(dp) : rnd(rnd(dp) * f);  // dP
           rowsum += dsrow[j] * prow[j];
-          for (int d = 0; d < Dv; ++d) dv_h[size_t(j) * Dv + d] += prow[j] * doi[d];
+          const float z = f == 1.f ? prow[j] : rnd(prow[j] * f);
+          for (int d = 0; d < Dv; ++d) dv_h[size_t(j) * Dv + d] += z * doi[d];
         }
         for (int j = jb; j < je; ++j) {
           float ds = rnd(prow[j] * (dsrow[j] - rowsum));
@@ -696,6 +713,7 @@ Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward
   auto rnd = [dt](float x) { return round_to(dt, x); };
   const MaskPolicy mask = mask_of(p);
   const float scale = scale_of(p);
+  const DropoutPolicy drop = dropout_of(p);
   const int B = p.batch, Hq = p.heads_q, Hkv = p.heads_kv, G = Hq / Hkv;
   const int D = p.head_dim, Dv = p.head_dim_v;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -716,6 +734,10 @@ Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward
     auto do_at = [&](int i, int h) { return &dO[size_t(((start_q[b] + i) * Hq + h) * Dv)]; };
     auto k_at = [&](int j) { return &K[size_t(((start_k[b] + j) * Hkv + hk) * D)]; };
     auto v_at = [&](int j) { return &V[size_t(((start_k[b] + j) * Hkv + hk) * Dv)]; };
+    // Dropout's mask (0 or 1; FA2 applies 1/(1 − p) with the final normalization).
+    auto kept = [&](int h, int i, int j) {
+      return !drop.enabled() || drop.keep(uint32_t(b * Hq + h), i, j) ? 1.f : 0.f;
+    };
     std::vector<float> S(size_t(lq) * lk), lse(lq), O(size_t(lq) * Dv);
     std::vector<float> dk_acc(size_t(lk) * D, 0.f), dv_acc(size_t(lk) * Dv, 0.f);
     std::vector<float> acc(std::max(D, Dv));
@@ -743,13 +765,14 @@ Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward
         for (int j = jb; j < je; ++j) {
           const float e = std::exp(srow[j] - m);
           l += e;
-          for (int d = 0; d < Dv; ++d) acc[d] += rnd(e) * v_at(j)[d];
+          const float pe = rnd(e) * kept(h, i, j);
+          for (int d = 0; d < Dv; ++d) acc[d] += pe * v_at(j)[d];
         }
         lse[i] = m + std::log(l);
         r.lse[size_t(lse_index(b, h, i))] = lse[i];
         const int64_t orow = ((start_q[b] + i) * Hq + h) * Dv;
         for (int d = 0; d < Dv; ++d) {
-          o[d] = rnd(acc[d] / l);
+          o[d] = rnd(acc[d] / l * drop.rescale);
           r.out[size_t(orow + d)] = o[d];
         }
       }
@@ -763,11 +786,13 @@ Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward
         for (int j = jb; j < je; ++j) {
           const float t_ij = S[size_t(i) * lk + j];
           const float pij = std::exp(t_ij - lse[i]);
+          const float f = kept(h, i, j) * drop.rescale;
           float dp = 0.f;
           for (int d = 0; d < Dv; ++d) {
             dp += doi[d] * v_at(j)[d];
-            dv_acc[size_t(j) * Dv + d] += rnd(pij) * doi[d];
+            dv_acc[size_t(j) * Dv + d] += rnd(pij) * f * doi[d];
           }
+          dp *= f;
           const float ds = rnd(pij * (dp - Di) * mask.dlogit(t_ij));
           for (int d = 0; d < D; ++d) {
             acc[d] += ds * k_at(j)[d];

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/dropout.h"
 #include "common/mask.h"
 #include "flashlab/flashlab.h"
 
@@ -142,6 +143,8 @@ struct Problem {
   bool causal = false;
   int window_left = -1, window_right = -1;
   float softcap = 0.f;
+  float dropout_p = 0.f;  // with dropout_seed/offset: the mask of common/dropout.h
+  uint64_t dropout_seed = 0, dropout_offset = 0;
   std::optional<float> scale;
   std::vector<int64_t> pad;  // extra allocated elements per dim of q/k/v/out/grads
   bool with_lse = true;      // forward: pass maybe_lse
@@ -159,6 +162,9 @@ struct Problem {
   Problem& make_causal() { causal = true; return *this; }
   Problem& window(int l, int r) { window_left = l; window_right = r; return *this; }
   Problem& cap(float c) { softcap = c; return *this; }
+  Problem& drop(float prob, uint64_t seed, uint64_t offset = 0) {
+    dropout_p = prob; dropout_seed = seed; dropout_offset = offset; return *this;
+  }
   Problem& dim_v(int d) { head_dim_v = d; return *this; }
   Problem& padded(std::vector<int64_t> p) { pad = std::move(p); return *this; }
   Problem& threads(int n) { num_threads = n; return *this; }
@@ -176,6 +182,7 @@ Problem varlen(DType dtype, std::vector<int> lens_q, std::vector<int> lens_k, in
 // The mask the API builds from a problem: causal folded into window_right, and a window
 // wider than the keys made unbounded (FlashAttention's normalization, src/api.cpp).
 MaskPolicy mask_of(const Problem& p);
+DropoutPolicy dropout_of(const Problem& p);
 float scale_of(const Problem& p);
 
 struct Inputs {

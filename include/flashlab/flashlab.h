@@ -103,6 +103,12 @@ struct CommonArgs {
   int window_left = -1;                // sliding window; -1 = unbounded
   int window_right = -1;
   float softcap = 0.f;                 // 0 = off; else logits = softcap·tanh(logits/softcap)
+  // Dropout on the attention probabilities, in [0, 1). The mask is a pure function of
+  // (seed, offset) and the element's place (src/common/dropout.h): the backward must get the
+  // forward's three values to regenerate it.
+  float dropout_p = 0.f;
+  uint64_t dropout_seed = 0;
+  uint64_t dropout_offset = 0;
 
   std::string_view kernel = kAutoKernel;  // "auto" or a name from kernels()
   void* stream = nullptr;                 // cudaStream_t for CUDA tensors
@@ -155,6 +161,8 @@ struct KernelInfo {
   std::string_view summary;   // one line: what it is and what it supports
   bool has_forward = false;
   bool has_backward = false;
+  bool forward_dropout = false;   // its forward takes dropout_p > 0
+  bool backward_dropout = false;  // its backward regenerates that mask
 };
 
 std::span<const KernelInfo> kernels() noexcept;

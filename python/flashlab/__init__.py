@@ -78,8 +78,8 @@ _VARLEN = ("cu_seqlens_q", "cu_seqlens_k")
 
 
 def _check_unsupported(dropout_p: float, alibi_slopes: Any) -> None:
-    if dropout_p != 0.0:
-        raise ValueError(f"dropout_p: only 0.0 is supported by this build, got {dropout_p}")
+    if not 0.0 <= float(dropout_p) < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if alibi_slopes is not None:
         raise ValueError("alibi_slopes: ALiBi is not supported by this build")
 
@@ -101,9 +101,15 @@ def _options(
     cu_seqlens_k: Optional[Array] = None,
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
+    dropout_p: float = 0.0,
+    dropout_seed: int = 0,
+    dropout_offset: int = 0,
 ) -> "_flashlab.Options":
     """The native Options of one call (the torch ops add the stream and the workspace)."""
     o = _flashlab.Options()
+    o.dropout_p = float(dropout_p)
+    o.dropout_seed = int(dropout_seed)
+    o.dropout_offset = int(dropout_offset)
     o.softmax_scale = None if softmax_scale is None else float(softmax_scale)
     o.causal = bool(causal)
     o.window_left, o.window_right = _window(window_size)
@@ -152,12 +158,15 @@ def attention_backward(
     cu_seqlens_k: Optional[Array] = None,
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
+    dropout_p: float = 0.0,
+    dropout_seed: Optional[int] = None,
     kernel: str = "auto",
 ) -> Tuple[Array, Array, Array]:
     """Gradients (dq, dk, dv) for NumPy arrays; PyTorch users get them from autograd.
 
     `out` and `softmax_lse` are the forward's (return_attn_probs=True); the mask options
     must be the forward's. Varlen: pass the forward's cu_seqlens and max_seqlen too.
+    Dropout: the forward's dropout_p and dropout_seed regenerate its mask.
     """
     import numpy as np
 
@@ -168,7 +177,8 @@ def attention_backward(
     opts = _options(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                     softcap=softcap, kernel=_kernel_for(kernel, True),
                     cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                    max_seqlen_k=max_seqlen_k)
+                    max_seqlen_k=max_seqlen_k, dropout_p=dropout_p,
+                    dropout_seed=_numpy_seed(dropout_p, dropout_seed))
     dq, dk, dv = (np.empty(x.shape, dtype=x.dtype) for x in (q, k, v))
     args = (q, k, v, out, dout, softmax_lse, dq, dk, dv, bool(deterministic), opts)
     opts.workspace = np.empty(_flashlab.backward(*args, True), dtype=np.uint8)
@@ -197,20 +207,29 @@ if "torch" in sys.modules:
     _torch()
 
 
+def _numpy_seed(dropout_p: float, dropout_seed: Optional[int]) -> int:
+    if float(dropout_p) == 0.0:
+        return 0
+    if dropout_seed is None:
+        raise ValueError("dropout_seed: NumPy arrays need an explicit seed with dropout_p > 0, "
+                         "so that attention_backward can regenerate the mask")
+    return int(dropout_seed)
+
+
 def _attention(q: Array, k: Array, v: Array, cu_q: Optional[Array], cu_k: Optional[Array],
-               max_q: int, max_k: int, softmax_scale: Optional[float], causal: bool,
-               window_size: Sequence[int], softcap: float, deterministic: bool, kernel: str
-               ) -> Tuple[Array, Array]:
+               max_q: int, max_k: int, dropout_p: float, softmax_scale: Optional[float],
+               causal: bool, window_size: Sequence[int], softcap: float, deterministic: bool,
+               dropout_seed: Optional[int], kernel: str) -> Tuple[Array, Array]:
     """(out, lse) through the torch custom op (autograd) or, for other arrays, directly."""
     window = _window(window_size)
     if _check_arrays(_VARLEN, q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k):
-        return _torch().attention(q, k, v, cu_q, cu_k, int(max_q), int(max_k), softmax_scale,
-                                  bool(causal), window, float(softcap), bool(deterministic),
-                                  str(kernel))
+        return _torch().attention(q, k, v, cu_q, cu_k, int(max_q), int(max_k), float(dropout_p),
+                                  softmax_scale, bool(causal), window, float(softcap),
+                                  bool(deterministic), dropout_seed, str(kernel))
     opts = _options(softmax_scale=softmax_scale, causal=causal, window_size=window,
                     softcap=softcap, kernel=_kernel_for(kernel, False), cu_seqlens_q=cu_q,
-                    cu_seqlens_k=cu_k,
-                    max_seqlen_q=max_q, max_seqlen_k=max_k)
+                    cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                    dropout_p=dropout_p, dropout_seed=_numpy_seed(dropout_p, dropout_seed))
     return _numpy_forward(q, k, v, opts)
 
 
@@ -227,6 +246,7 @@ def flash_attn_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     *,
+    dropout_seed: Optional[int] = None,
     kernel: str = "auto",
 ) -> Output:
     """FlashAttention-2's flash_attn_func: q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D] (v may
@@ -237,10 +257,14 @@ def flash_attn_func(
     (see kernels()) for each pass it has; "auto" picks the kernel of a pass it lacks.
     `deterministic` asks the backward for bitwise-reproducible gradients
     (a kernel that cannot give them refuses with its reason).
+    `dropout_p` drops attention probabilities with the counter-based Philox mask of
+    src/common/dropout.h; torch tensors draw its seed from torch's default generator
+    (torch.manual_seed repeats it) unless `dropout_seed` is given, and the backward
+    regenerates the same mask. NumPy arrays need `dropout_seed`.
     """
     _check_unsupported(dropout_p, alibi_slopes)
-    out, lse = _attention(q, k, v, None, None, 0, 0, softmax_scale, causal, window_size,
-                          softcap, deterministic, kernel)
+    out, lse = _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal,
+                          window_size, softcap, deterministic, dropout_seed, kernel)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -255,6 +279,7 @@ def flash_attn_qkvpacked_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     *,
+    dropout_seed: Optional[int] = None,
     kernel: str = "auto",
 ) -> Output:
     """qkv [B, S, 3, H, D]: q, k, v are strided views of the packed array (no copy)."""
@@ -267,7 +292,8 @@ def flash_attn_qkvpacked_func(
                          f"got {tuple(shape)}")
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, deterministic, return_attn_probs, kernel=kernel)
+                           alibi_slopes, deterministic, return_attn_probs,
+                           dropout_seed=dropout_seed, kernel=kernel)
 
 
 def flash_attn_varlen_func(
@@ -288,6 +314,7 @@ def flash_attn_varlen_func(
     return_attn_probs: bool = False,
     block_table: Optional[Array] = None,
     *,
+    dropout_seed: Optional[int] = None,
     kernel: str = "auto",
 ) -> Output:
     """Packed sequences: q [total_q, Hq, D], k/v [total_k, Hkv, D], cu_seqlens int32 [B + 1]
@@ -301,5 +328,6 @@ def flash_attn_varlen_func(
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("cu_seqlens_q and cu_seqlens_k are required (int32 [batch + 1])")
     out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          softmax_scale, causal, window_size, softcap, deterministic, kernel)
+                          dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
+                          dropout_seed, kernel)
     return (out, lse, None) if return_attn_probs else out

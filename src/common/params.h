@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "flashlab/flashlab.h"
+#include "common/dropout.h"
 #include "common/mask.h"
 
 namespace flashlab {
@@ -53,6 +54,7 @@ struct AttnParams {
   float scale = 0.f;       // softmax scale applied to q·k
   float scale_log2 = 0.f;  // scale · log2(e), for exp2-based softmax
   MaskPolicy mask;         // window (causal folded in) and softcap
+  DropoutPolicy dropout;   // off unless the caller's dropout_p > 0 (common/dropout.h)
 
   void* workspace = nullptr;
   size_t workspace_bytes = 0;

@@ -10,6 +10,8 @@
 // hide), then with FlashAttention-2's preprocessing D_i = rowsum(dO_i ∘ O_i):
 //   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D) ∘ dlogit,  dQ = scale·dS K,  dK = scale·dSᵀ Q.
 // GQA: one task per kv head sums dK/dV over the query heads of its group.
+// Dropout (common/dropout.h) replaces P by Z = P ∘ M / (1 − p) in O = Z V and dV = Zᵀ dO, and
+// dP by dP ∘ M / (1 − p); D = rowsum(dO ∘ O) is unchanged in form (O already holds Z).
 #include <omp.h>
 
 #include <algorithm>
@@ -48,6 +50,12 @@ double dot(const double* a, const double* b, int n) {
 }
 
 int threads_for(int tasks, int wanted) { return std::max(1, std::min(tasks, wanted)); }
+
+// Dropout's factor for element (bh, i, j): 0 when dropped, 1/(1 − p) when kept, 1 when off.
+double kept(const AttnParams& p, int bh, int i, int j) {
+  if (!p.dropout.enabled()) return 1.0;
+  return p.dropout.keep(uint32_t(bh), i, j) ? 1.0 / (1.0 - double(p.dropout.p)) : 0.0;
+}
 
 // Logits of one (batch, head): S[i][j] for the allowed keys, and each row's LSE (-inf for
 // a row that sees no key).
@@ -111,8 +119,8 @@ Status ref_fwd(const FwdParams& p) {
       std::fill(o, o + Dv, 0.0);
       const int jb = p.mask.key_begin(i, sb.len_q, sb.len_k), je = p.mask.key_end(i, sb.len_q, sb.len_k);
       for (int j = jb; j < je; ++j) {
-        const double pij = std::exp(S[int64_t(i) * Sk + j] - lse[i]);
-        for (int d = 0; d < Dv; ++d) o[d] += pij * V[int64_t(j) * Dv + d];
+        const double zij = std::exp(S[int64_t(i) * Sk + j] - lse[i]) * kept(p, t, i, j);
+        for (int d = 0; d < Dv; ++d) o[d] += zij * V[int64_t(j) * Dv + d];
       }
       if (p.lse)
         p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + sb.start_q + i] = float(lse[i]);
@@ -173,14 +181,16 @@ Status ref_bwd(const BwdParams& p) {
       scores_and_lse(p, lq, lk, Q, K, S, lse);
       for (int i = 0; i < lq; ++i) Drow[i] = dot(dO + int64_t(i) * Dv, O + int64_t(i) * Dv, Dv);
       std::fill(dQ, dQ + int64_t(lq) * D, 0.0);
+      const int bh = b * p.heads_q + h;
       for (int i = 0; i < lq; ++i) {
         const int jb = p.mask.key_begin(i, lq, lk), je = p.mask.key_end(i, lq, lk);
         for (int j = jb; j < je; ++j) {
           const double logit = S[int64_t(i) * Sk + j];
           const double pij = std::exp(logit - lse[i]);
-          const double dpij = dot(dO + int64_t(i) * Dv, V + int64_t(j) * Dv, Dv);
+          const double mij = kept(p, bh, i, j);  // 1 without dropout
+          const double dpij = dot(dO + int64_t(i) * Dv, V + int64_t(j) * Dv, Dv) * mij;
           const double dsij = pij * (dpij - Drow[i]) * p.mask.dlogit(logit) * double(p.scale);
-          for (int d = 0; d < Dv; ++d) dV[int64_t(j) * Dv + d] += pij * dO[int64_t(i) * Dv + d];
+          for (int d = 0; d < Dv; ++d) dV[int64_t(j) * Dv + d] += pij * mij * dO[int64_t(i) * Dv + d];
           for (int d = 0; d < D; ++d) {
             dQ[int64_t(i) * D + d] += dsij * K[int64_t(j) * D + d];
             dK[int64_t(j) * D + d] += dsij * Q[int64_t(i) * D + d];
@@ -216,9 +226,9 @@ std::string ref_supports_bwd(const BwdParams& p) { return ref_supports(p, ref_bw
 KernelEntry cpu_reference_entry() {
   KernelEntry e;
   e.info = {"cpu_reference", "cpu",
-            "fp64 textbook attention: materializes S = QKᵀ per head; every mask, GQA, varlen; "
-            "forward and backward",
-            true, true};
+            "fp64 textbook attention: materializes S = QKᵀ per head; every mask, GQA, varlen, "
+            "dropout; forward and backward",
+            true, true, true, true};
   e.auto_priority = 1;
   e.supports_fwd = ref_supports_fwd;
   e.workspace_fwd = ref_fwd_workspace;

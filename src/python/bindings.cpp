@@ -100,6 +100,8 @@ struct Options {
   bool causal = false;
   int window_left = -1, window_right = -1;
   float softcap = 0.f;
+  float dropout_p = 0.f;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
   std::string kernel = "auto";
   uintptr_t stream = 0;
   nb::object workspace = nb::none();
@@ -116,6 +118,9 @@ void fill_common(const Options& o, CommonArgs* a, Keep* keep) {
   a->window_left = o.window_left;
   a->window_right = o.window_right;
   a->softcap = o.softcap;
+  a->dropout_p = o.dropout_p;
+  a->dropout_seed = o.dropout_seed;
+  a->dropout_offset = o.dropout_offset;
   a->kernel = o.kernel;
   a->stream = reinterpret_cast<void*>(o.stream);
   a->num_threads = o.num_threads;
@@ -194,6 +199,9 @@ NB_MODULE(_flashlab, m) {
       .def_rw("window_left", &Options::window_left)
       .def_rw("window_right", &Options::window_right)
       .def_rw("softcap", &Options::softcap)
+      .def_rw("dropout_p", &Options::dropout_p)
+      .def_rw("dropout_seed", &Options::dropout_seed)
+      .def_rw("dropout_offset", &Options::dropout_offset)
       .def_rw("kernel", &Options::kernel)
       .def_rw("stream", &Options::stream)
       .def_rw("workspace", &Options::workspace, nb::for_setter(nb::arg("value").none()))

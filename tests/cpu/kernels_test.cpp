@@ -93,6 +93,12 @@ std::vector<Case> cpu_cases() {
   add("fp32_seqlen_k0", dense(kF32, 2, 5, 0, 2, 2, 32));
   add("fp32_seqlen_q0", dense(kF32, 2, 0, 5, 2, 2, 32));
 
+  // Dropout: the oracle, the yardstick and the FA2 emulation draw one mask (dropout.h).
+  add("fp32_dropout0.1_sq_lt_sk", dense(kF32, 1, 64, 80, 2, 2, 32).drop(0.1f, 1234));
+  add("fp16_dropout0.17_causal_gqa", dense(kF16, 2, 70, 70, 4, 2, 64).make_causal().drop(0.17f, 0x5eed));
+  add("bf16_dropout0.5_varlen_window_softcap",
+      varlen(kBF16, {30, 1, 45}, {50, 7, 45}, 4, 2, 64).window(5, 3).cap(20.f).drop(0.5f, 77, 3));
+
   // Options: explicit scale, no LSE, thread counts.
   add("fp32_scale_0.3", dense(kF32, 1, 64, 64, 2, 2, 64).scaled(0.3f));
   add("fp16_scale_1_peaked", dense(kF16, 1, 64, 64, 2, 2, 64).scaled(1.f));
@@ -149,6 +155,11 @@ TEST(KernelHarness, RoundedOracleMeetsTheRuleForward) {
 
 TEST(KernelHarness, RoundedOracleMeetsTheRuleBackward) {
   run_suite("cpu_reference", true, cpu_cases(), make_host_placement);
+}
+
+// The oracle's dropout mask is the policy's (GPU kernels get the same check on the device).
+TEST(Dropout, OracleAppliesThePolicyMask) {
+  check_dropout_mask("cpu_reference", DType::kBF16, make_host_placement);
 }
 
 // ... and on FlashAttention-2's own rounding (run_fa2_emulation): the rule must be within

@@ -447,6 +447,28 @@ TEST_F(ValidationTest, NegativeOrNonFiniteSoftcap) {
   }
 }
 
+TEST_F(ValidationTest, DropoutOutsideZeroToOne) {
+  for (float d : {-0.1f, 1.f, 1.5f, kNaN}) {
+    SCOPED_TRACE(d);
+    ForwardArgs a = fwd();
+    a.dropout_p = d;
+    expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"dropout_p must be in [0, 1)"});
+  }
+}
+
+// A kernel without dropout refuses the call by name; auto passes it to one that has it.
+TEST_F(ValidationTest, DropoutNeedsAKernelThatTakesIt) {
+  ForwardArgs a = fwd();
+  a.dropout_p = 0.2f;
+  a.kernel = "cpu_flash";
+  std::string name;
+  EXPECT_TRUE(status_is(select_kernel(a, &name), StatusCode::kUnsupported,
+                        {"kernel 'cpu_flash'", "dropout_p > 0 is not supported"}));
+  a.kernel = kAutoKernel;
+  EXPECT_OK(select_kernel(a, &name));
+  EXPECT_EQ(name, "cpu_reference");
+}
+
 TEST_F(ValidationTest, NegativeThreadCount) {
   ForwardArgs a = fwd();
   a.num_threads = -1;

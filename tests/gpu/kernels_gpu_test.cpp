@@ -50,9 +50,16 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
       add(t + hd + "varlen_window_softcap",
           varlen(dt, {33, 1, 190}, {80, 9, 190}, 2, 1, d).window(17, 4).cap(20.f));
       add(t + hd + "padded_strides", dense(dt, 2, 90, 110, 4, 2, d).padded({1, 3, 1, pad16}));
+      add(t + hd + "seqlen17", dense(dt, 2, 17, 17, 4, 4, d));
+      add(t + hd + "window_128_0", dense(dt, 1, 300, 300, 2, 1, d).window(128, 0));
+      add(t + hd + "dropout_causal_gqa",
+          dense(dt, 2, 200, 200, 4, 2, d).make_causal().drop(0.17f, 0x5eed + d));
+      add(t + hd + "varlen_dropout_window_softcap",
+          varlen(dt, {33, 1, 190}, {80, 9, 190}, 2, 1, d).window(17, 4).cap(20.f).drop(0.4f, 99, 7));
     }
     add(t + "hdim32", dense(dt, 2, 128, 128, 2, 2, 32));
     add(t + "hdim96_causal", dense(dt, 1, 128, 190, 2, 2, 96).make_causal());
+    add(t + "hdim192_causal", dense(dt, 1, 100, 130, 2, 1, 192).make_causal());
     add(t + "hdim256", dense(dt, 1, 64, 64, 2, 1, 256));
     add(t + "batch0", dense(dt, 0, 64, 64, 2, 2, 64));
     add(t + "seqlen_k0", dense(dt, 2, 33, 0, 2, 2, 64));
@@ -62,6 +69,7 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
     add(t + "scale_1_peaked", dense(dt, 1, 128, 128, 2, 2, 64).scaled(1.f));
   }
   add("fp16_seqlen2048_causal", dense(kF16, 1, 2048, 2048, 2, 1, 128).make_causal());
+  add("bf16_seqlen4097_causal", dense(kBF16, 1, 4097, 4097, 2, 1, 128).make_causal());
   add("bf16_batch8_varlen_padded",
       varlen(kBF16, {100, 1, 256, 0, 17, 64, 3, 200}, {100, 300, 256, 5, 0, 64, 3, 120}, 4, 2, 128)
           .padded({0, 8}));
@@ -79,6 +87,14 @@ TEST_P(GpuKernelTest, Forward) {
 TEST_P(GpuKernelTest, Backward) {
 #if FLASHLAB_WITH_CUDA
   run_suite(GetParam(), true, gpu_cases(), make_device_placement);
+#endif
+}
+
+// Dropout's mask as the kernel draws it: exactly DropoutPolicy's, at a fraction within 0.01
+// of p (kernel_check.h). Kernels without dropout skip with that reason.
+TEST_P(GpuKernelTest, DropoutMask) {
+#if FLASHLAB_WITH_CUDA
+  check_dropout_mask(GetParam(), kBF16, make_device_placement);
 #endif
 }
 

@@ -141,13 +141,55 @@ def varlen_attention_backward(q, k, v, dout, cu_q, cu_k, **kw
     return dq, dk, dv
 
 
+# ---- dropout ----------------------------------------------------------------------------
+
+_M32 = np.uint64(0xFFFFFFFF)
+
+
+def _philox4x32_10(c, k):
+    """Philox4x32-10 (Salmon et al., SC'11) over arrays: c four uint64 arrays of 32-bit
+    words, k two; returns the four output words."""
+    c0, c1, c2, c3 = (np.asarray(x, dtype=np.uint64) for x in c)
+    k0, k1 = (np.asarray(x, dtype=np.uint64) for x in k)
+    for _ in range(10):
+        p0 = np.uint64(0xD2511F53) * c0
+        p1 = np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & _M32,
+                          (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & _M32)
+        k0 = (k0 + np.uint64(0x9E3779B9)) & _M32
+        k1 = (k1 + np.uint64(0xBB67AE85)) & _M32
+    return c0, c1, c2, c3
+
+
+def dropout_keep(b: int, h: int, sq: int, sk: int, p: float, seed: int, offset: int = 0
+                 ) -> np.ndarray:
+    """[b, h, sq, sk] bool: the keep mask of src/common/dropout.h for batch·heads index
+    bh = batch·h + head, query row i and key j (p is rounded to float32, as the API does)."""
+    p32 = float(np.float32(p))
+    threshold = min(int(p32 * 4294967296.0), 0xFFFFFFFF)
+    bh = np.arange(b * h, dtype=np.uint64)[:, None, None]
+    i = np.arange(sq, dtype=np.uint64)[None, :, None]
+    j = np.arange(sk, dtype=np.uint64)[None, None, :]
+    seed, offset = int(seed), int(offset)
+    words = _philox4x32_10(
+        (j >> np.uint64(1), (i >> np.uint64(4)) * np.uint64(8) + (i & np.uint64(7)), bh,
+         np.uint64(offset & 0xFFFFFFFF)),
+        (np.uint64(seed & 0xFFFFFFFF), np.uint64(((seed >> 32) ^ (offset >> 32)) & 0xFFFFFFFF)))
+    word = ((i >> np.uint64(3)) & np.uint64(1)) * np.uint64(2) + (j & np.uint64(1))
+    picked = np.choose(word.astype(np.int64) + np.zeros((b * h, 1, 1), dtype=np.int64),
+                       [np.broadcast_to(w, (b * h, sq, sk)) for w in words])
+    return (picked >= threshold).reshape(b, h, sq, sk)
+
+
 # ---- torch ------------------------------------------------------------------------------
 
 
 def torch_attention(q, k, v, *, causal: bool = False, window: Sequence[int] = (-1, -1),
-                    softcap: float = 0.0, scale: Optional[float] = None, dtype: Any = None):
+                    softcap: float = 0.0, scale: Optional[float] = None, dtype: Any = None,
+                    dropout: Optional[Tuple[float, np.ndarray]] = None):
     """(out [B, Sq, Hq, Dv], lse [B, Hq, Sq]) computed in `dtype` (default: q's) and
-    differentiable: torch.float64 gives the oracle, the input dtype the yardstick."""
+    differentiable: torch.float64 gives the oracle, the input dtype the yardstick.
+    `dropout` = (p, keep mask [B, Hq, Sq, Sk]) applies P ∘ keep / (1 − p) (float32 p)."""
     import torch
 
     dtype = dtype or q.dtype
@@ -166,6 +208,9 @@ def torch_attention(q, k, v, *, causal: bool = False, window: Sequence[int] = (-
     s = s.masked_fill(~ok, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0).to(dtype)
+    if dropout is not None:
+        keep = torch.from_numpy(dropout[1]).to(p.device)
+        p = (p * keep / (1.0 - float(np.float32(dropout[0])))).to(dtype)
     return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
 
 
@@ -199,3 +244,25 @@ def check_rule(name: str, got, yardstick, oracle) -> None:
     """DESIGN.md's rule: error(got) <= 2 x error(yardstick) + 1e-5, both against the oracle."""
     e, y = max_err(got, oracle), max_err(yardstick, oracle)
     assert e <= 2 * y + 1e-5, f"{name}: error {e:.3g} > 2 x {y:.3g} (yardstick) + 1e-5"
+
+
+def check_torch_call(q, k, v, out, lse, *, grads: bool = True, **mask) -> None:
+    """A torch call's out and LSE, and (grads) dq/dk/dv through autograd for a random dout,
+    under check_rule: the oracle is torch_attention in float64, the yardstick the same in
+    q's dtype. `mask` takes torch_attention's options (dropout included)."""
+    import torch
+
+    qkv = [x.detach() for x in (q, k, v)]
+    oracle = torch_attention(*qkv, dtype=torch.float64, **mask)
+    yard = torch_attention(*qkv, **mask)
+    check_rule("out", out, yard[0], oracle[0])
+    check_rule("lse", lse, yard[1], oracle[1])
+    if not grads:
+        return
+    dout = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    want = torch_grads(*qkv, dout, torch.float64, **mask)
+    yard = torch_grads(*qkv, dout, q.dtype, **mask)
+    for name, g, y, w in zip(("dq", "dk", "dv"), got, yard, want):
+        assert g.dtype == q.dtype and g.shape == w.shape, name
+        check_rule(name, g, y, w)

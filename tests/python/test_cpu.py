@@ -202,6 +202,56 @@ def test_torch_imports_after_flashlab():
     assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stderr[-2000:])
 
 
+def test_numpy_dropout_against_the_mask(rng):
+    """NumPy with an explicit seed: out = (P ∘ keep / (1 − p)) V with reference.dropout_keep's
+    mask, which re-derives src/common/dropout.h; the backward regenerates it."""
+    p, seed = 0.25, 987654321
+    q, k, v = _inputs(rng, 2, 40, 56, 4, 2, 32, np.float64)
+    out, lse, _ = flashlab.flash_attn_func(q, k, v, dropout_p=p, dropout_seed=seed,
+                                           return_attn_probs=True)
+    keep = ref.dropout_keep(2, 4, 40, 56, p, seed)
+    _, _, vv, _, s, _, _ = ref._scores(q, k, v, None, False, (-1, -1), 0.0)
+    probs, _, _ = ref._softmax(s)
+    z = probs * keep / (1.0 - float(np.float32(p)))
+    want = np.einsum("bhqk,bkhd->bhqd", z, vv).transpose(0, 2, 1, 3)
+    # (1e-6: the API's scale is an fp32 1/sqrt(d), the oracle's an fp64 one.)
+    assert max_err(out, want) < 1e-6
+    assert max_err(lse, ref.attention(q, k, v)[1]) < 1e-5  # the mask leaves LSE alone
+    dout = rng.standard_normal(out.shape)
+    dq, dk, dv = flashlab.attention_backward(q, k, v, out, dout, lse, dropout_p=p,
+                                             dropout_seed=seed)
+    # dV = Zᵀ dO, summed over the query heads of a kv head.
+    dvv = np.einsum("bhqk,bhqd->bkhd", z, dout.transpose(0, 2, 1, 3))
+    assert max_err(dv, dvv.reshape(2, 56, 2, 2, 32).sum(axis=3)) < 1e-6
+    assert np.isfinite(dq).all() and np.isfinite(dk).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_torch_cpu_dropout_values_and_gradients(rng, causal):
+    torch = pytest.importorskip("torch")
+    p, seed = 0.3, 1234
+    q, k, v = (torch.from_numpy(x).float().requires_grad_()
+               for x in _inputs(rng, 2, 70, 70, 4, 2, 32, np.float64))
+    out, lse, _ = flashlab.flash_attn_func(q, k, v, dropout_p=p, causal=causal,
+                                           dropout_seed=seed, return_attn_probs=True)
+    mask = dict(causal=causal, dropout=(p, ref.dropout_keep(2, 4, 70, 70, p, seed)))
+    ref.check_torch_call(q, k, v, out, lse, **mask)
+
+
+def test_torch_dropout_seed_follows_torch_manual_seed(rng):
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.from_numpy(x).float() for x in _inputs(rng, 1, 64, 64, 2, 2, 32, np.float64))
+
+    def run(seed):
+        torch.manual_seed(seed)
+        return flashlab.flash_attn_func(q, k, v, dropout_p=0.5)
+
+    a, b, c = run(7), run(7), run(8)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert not torch.equal(flashlab.flash_attn_func(q, k, v, dropout_p=0.5),
+                           flashlab.flash_attn_func(q, k, v, dropout_p=0.5))
+
+
 def test_kernels_lists_the_registry():
     ks = flashlab.kernels()
     names = [k["name"] for k in ks]
@@ -259,18 +309,7 @@ def test_torch_cpu_low_precision_within_the_rule(rng, case, dtype, kernel):
     out, lse, _ = flashlab.flash_attn_func(q, k, v, return_attn_probs=True, kernel=kernel,
                                            **_fa2_mask(case))
     assert out.dtype == dt and lse.dtype == torch.float32
-    qkv = [x.detach() for x in (q, k, v)]
-    oracle = ref.torch_attention(*qkv, dtype=torch.float64, **mask)
-    yard = ref.torch_attention(*qkv, **mask)
-    check_rule("out", out, yard[0], oracle[0])
-    check_rule("lse", lse, yard[1], oracle[1])
-    dout = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), dout)
-    want = ref.torch_grads(*qkv, dout, torch.float64, **mask)
-    yard = ref.torch_grads(*qkv, dout, dt, **mask)
-    for name, g, y, w in zip(("dq", "dk", "dv"), got, yard, want):
-        assert g.dtype == dt
-        check_rule(name, g, y, w)
+    ref.check_torch_call(q, k, v, out, lse, **mask)
 
 
 @pytest.mark.torch

@@ -161,11 +161,25 @@ def test_softmax_scale_not_finite(scale):
 
 
 def test_unsupported_features_name_their_argument():
-    _expect(ValueError, r"dropout_p: only 0\.0 is supported", attn, *_qkv(), dropout_p=0.1)
     _expect(ValueError, r"alibi_slopes: ALiBi is not supported", attn, *_qkv(),
             alibi_slopes=np.ones(2, dtype=np.float32))
-    _expect(ValueError, r"dropout_p", flashlab.flash_attn_qkvpacked_func,
-            np.ones((1, 8, 3, 2, 16), dtype=np.float32), dropout_p=0.5)
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0, 1.5])
+def test_dropout_p_outside_zero_to_one(p):
+    _expect(ValueError, r"dropout_p must be in \[0, 1\)", attn, *_qkv(), dropout_p=p)
+    _expect(ValueError, r"dropout_p must be in \[0, 1\)", flashlab.flash_attn_qkvpacked_func,
+            np.ones((1, 8, 3, 2, 16), dtype=np.float32), dropout_p=p)
+
+
+def test_dropout_on_numpy_needs_a_seed():
+    _expect(ValueError, r"dropout_seed: NumPy arrays need an explicit seed", attn, *_qkv(),
+            dropout_p=0.1)
+
+
+def test_dropout_with_a_kernel_without_it_says_why():
+    _expect(ValueError, r"kernel 'cpu_flash' does not support this call: dropout_p > 0 is not "
+            r"supported", attn, *_qkv(), dropout_p=0.1, dropout_seed=3, kernel="cpu_flash")
 
 
 def test_unknown_kernel():

@@ -78,12 +78,13 @@ KernelEntry cute_fa2_fwd_entry() {
   e.info = {"cute_fa2", "sm80+",
             "CuTe FlashAttention-2 forward (sm80 path): TiledMMA m16n8k16, cp.async K/V "
             "pipeline, swizzled smem, ldmatrix, P in registers; fp16/bf16, head dim "
-            "64/96/128/192/256, causal, window, softcap, GQA/MQA, varlen, LSE; no dropout, "
-            "forward only",
+            "64/96/128/192/256, causal, window, softcap, GQA/MQA, varlen, LSE, dropout "
+            "(forward)",
             true, false};
   e.auto_priority = 40;  // auto's GPU forward: above fa2_mma (30)
   e.supports_fwd = sm80::supports;
   e.run_fwd = sm80::run;
+  e.info.forward_dropout = true;  // Philox mask of common/dropout.h, one call per fragment
   return e;
 }
 

@@ -204,16 +204,17 @@ struct OnlineSoftmax {
     }
   }
 
-  // Sums ℓ over the quad, divides O by it and returns each row's LSE (natural log);
-  // a row that saw no key gets O = 0 and LSE = -inf.
+  // Sums ℓ over the quad, divides O by it (times out_scale: dropout's 1/(1 − p)) and
+  // returns each row's LSE (natural log); a row that saw no key gets O = 0 and LSE = -inf.
   template <class O>
-  __device__ __forceinline__ void finish(O& o, float scale_log2, float (&lse)[kRows]) {
+  __device__ __forceinline__ void finish(O& o, float scale_log2, float out_scale,
+                                         float (&lse)[kRows]) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float l = row_sum[r];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv_l = l > 0.f ? 1.f / l : 0.f;
+      const float inv_l = l > 0.f ? out_scale / l : 0.f;
       lse[r] = l > 0.f ? (row_max[r] * scale_log2 + log2f(l)) * kLn2 : -INFINITY;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inv_l;
@@ -240,11 +241,35 @@ __device__ __forceinline__ void apply_mask(S& s, C const& coords, const MaskPoli
   }
 }
 
+// Zeroes the probabilities dropout drops (common/dropout.h); ℓ has already summed them, so
+// O = (P ∘ M) V / ℓ and the epilogue's 1/(1 − p) complete the definition. acc (MMA, MMA_M,
+// MMA_N) holds P; coords(0, m, n) is the (row, key) of value 0 of this thread's m16n8
+// fragment (m, n). Its four values are rows {i, i + 8} × keys {j, j + 1} in the order
+// (i, j), (i, j + 1), (i + 8, j), (i + 8, j + 1): the word order of one Philox call, so each
+// fragment costs one call and no word is drawn twice.
+template <class Acc, class C>
+__device__ __forceinline__ void apply_dropout(Acc& acc, C const& coords, const DropoutPolicy& d,
+                                              uint32_t bh, int i0, int j0) {
+  static_assert(decltype(size<0>(acc))::value == 4, "an m16n8 C fragment holds 4 values");
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(acc); ++m) {
+    CUTE_UNROLL
+    for (int n = 0; n < size<2>(acc); ++n) {
+      const Philox4 bits =
+          d.block_bits(bh, i0 + get<0>(coords(0, m, n)), j0 + get<1>(coords(0, m, n)));
+      CUTE_UNROLL
+      for (int v = 0; v < 4; ++v)
+        if (bits.w[v] < d.threshold) acc(v, m, n) = 0.f;
+    }
+  }
+}
+
 // ---- the kernel --------------------------------------------------------------------------
-// grid (ceil(seqlen_q / kBlockM), heads_q, batch), kNThreads threads. kSoftcap is a
-// compile-time switch: tanh's temporaries next to O's 128 accumulators would push the
-// plain kernel past 255 registers.
-template <class Tr, bool kSoftcap>
+// grid (ceil(seqlen_q / kBlockM), heads_q, batch), kNThreads threads. Three variants, picked
+// at launch: plain, kSoftcap, and kDropout (which also takes softcap, decided at run time).
+// They are compile-time switches because tanh's and Philox's temporaries next to O's 128
+// accumulators would push the plain kernel past 255 registers.
+template <class Tr, bool kSoftcap, bool kDropout>
 __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     fwd_kernel(const __grid_constant__ FwdParams p) {
   using Element = typename Tr::Element;
@@ -330,8 +355,10 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   constexpr int kRows = decltype(size<0>(acc_rowcol(acc_o.layout())))::value;
   OnlineSoftmax<kRows> softmax;
   // Softcap: logit = cap·tanh(s·scale / cap), so the softmax sees tanh(·) scaled by cap·log2 e.
-  const float scale_log2 = kSoftcap ? mask.softcap * kLog2e : p.scale_log2;
-  const float softcap_pre = kSoftcap ? p.scale / mask.softcap : 0.f;
+  const bool softcap = kSoftcap || (kDropout && mask.softcap > 0.f);
+  const float scale_log2 = softcap ? mask.softcap * kLog2e : p.scale_log2;
+  const float softcap_pre = softcap ? p.scale / mask.softcap : 0.f;
+  const uint32_t bh = uint32_t(blk.b * p.heads_q + blk.h);  // dropout's (batch, head) index
 
   // ---- mainloop ----
   // One K and one V buffer, loads alternating one step ahead of the math: V(n) lands while
@@ -368,9 +395,11 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_copy_k);
 
     Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (rows, cols)
-    if constexpr (kSoftcap) {
-      CUTE_UNROLL
-      for (int e = 0; e < size(s); ++e) s(e) = tanhf(s(e) * softcap_pre);
+    if constexpr (kSoftcap || kDropout) {
+      if (softcap) {
+        CUTE_UNROLL
+        for (int e = 0; e < size(s); ++e) s(e) = tanhf(s(e) * softcap_pre);
+      }
     }
     // Per-element masking only on the tiles the mask (or the end of the keys) cuts.
     if (tile_rows < Tr::kBlockN ||
@@ -386,6 +415,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
 
     Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
     softmax.update(s, o, scale_log2);
+    if constexpr (kDropout) apply_dropout(acc_s, tScS, p.dropout, bh, blk.i0, j0);
 
     // P stays in registers: rounded to Element, S's accumulator is P V's A operand.
     Tensor rP = round_to<Element>(acc_s);                                    // (MMA, MMA_M, MMA_N)
@@ -396,7 +426,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // ---- epilogue ----
   Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
   float lse[kRows];
-  softmax.finish(o, scale_log2, lse);
+  softmax.finish(o, scale_log2, kDropout ? p.dropout.rescale : 1.f, lse);
 
   // LSE: the lane holding column 0 of a row writes it.
   Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<BlkM, HeadDim>{}));  // (MMA, MMA_M, MMA_D)
@@ -434,9 +464,9 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
 }
 
 // ---- launch ------------------------------------------------------------------------------
-template <class Tr, bool kSoftcap>
+template <class Tr, bool kSoftcap, bool kDropout>
 Status launch_fwd(const FwdParams& p) {
-  const auto kernel = fwd_kernel<Tr, kSoftcap>;
+  const auto kernel = fwd_kernel<Tr, kSoftcap, kDropout>;
   if (Tr::kSmemBytes > 48 * 1024)
     FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Tr::kSmemBytes));
@@ -451,11 +481,13 @@ Status launch_fwd(const FwdParams& p) {
 template <DType kDtype, int kHeadDim>
 Status FwdInstance<kDtype, kHeadDim>::run(const FwdParams& p) {
   using Tr = typename FwdConfig<kDtype, kHeadDim>::Traits;
-  return p.mask.softcap > 0.f ? launch_fwd<Tr, true>(p) : launch_fwd<Tr, false>(p);
+  if (p.dropout.enabled()) return launch_fwd<Tr, false, true>(p);
+  return p.mask.softcap > 0.f ? launch_fwd<Tr, true, false>(p) : launch_fwd<Tr, false, false>(p);
 }
 template <DType kDtype, int kHeadDim>
 const void* FwdInstance<kDtype, kHeadDim>::kernel() {
-  return reinterpret_cast<const void*>(fwd_kernel<typename FwdConfig<kDtype, kHeadDim>::Traits, false>);
+  return reinterpret_cast<const void*>(
+      fwd_kernel<typename FwdConfig<kDtype, kHeadDim>::Traits, false, false>);
 }
 template <DType kDtype, int kHeadDim>
 int FwdInstance<kDtype, kHeadDim>::smem_bytes() {

@@ -378,7 +378,9 @@ def make_flashlab(kernel: str, shape: Shape, direction: str, sets):
 
     flashlab._torch()  # registers torch.ops.flashlab
     ops = torch.ops.flashlab
-    fwd_args = (None, None, 0, 0, shape.scale, shape.causal, -1, -1, 0.0, False)
+    # (cu_seqlens_q/k, max_seqlen_q/k, dropout_p, rng, scale, causal, window, softcap,
+    #  deterministic): torch.ops.flashlab's positional order (_torch_ops.py).
+    fwd_args = (None, None, 0, 0, 0.0, None, shape.scale, shape.causal, -1, -1, 0.0, False)
 
     def forward(s, name):
         return ops.fwd(s["q"], s["k"], s["v"], *fwd_args, name)
@@ -388,7 +390,7 @@ def make_flashlab(kernel: str, shape: Shape, direction: str, sets):
             forward(sets[0], kernel)
             return lambda i: {"out": forward(sets[i], kernel)[0]}
         saved = [forward(s, "auto") for s in sets]  # out, lse of record
-        bwd_args = (None, None, 0, 0, shape.scale, shape.causal, -1, -1, 0.0, False, kernel)
+        bwd_args = fwd_args + (kernel,)
 
         def run(i):
             s = sets[i]

@@ -3,18 +3,20 @@
 # test (CPU and GPU), the GPU suite under compute-sanitizer, and the benchmarks; print a
 # summary table last. Full logs go to $OUT (or ./gpu-check-logs when OUT is unset).
 #
-#   scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--no-python] [--filter GTEST_FILTER]
+#   scripts/gpu-check.sh [--no-sanitizer] [--no-bench] [--no-python] [--no-pybench]
+#                        [--filter GTEST_FILTER]
 #                        [-- extra bench flags]
 #
-# The Python steps (when python3 has torch and nanobind): build the extension with
-# scripts/py-build.sh, run pytest on tests/python, and `python -m flashlab.bench --quick`.
+# The Python steps (when python3 has torch and nanobind): the same build makes the extension
+# (-DFLASHLAB_PYTHON=ON), scripts/py-build.sh --stage-only stages it, then pytest on
+# tests/python and `python -m flashlab.bench --quick`.
 #
 # CUTLASS headers: the build finds them through -DCUTLASS_DIR; on a machine without network,
 # carry them in .cutlass/include (an ignored folder) and this script points the build there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-sanitize=1 bench=1 python=1 filter='*Gpu*'
+sanitize=1 bench=1 python=1 pybench=1 filter='*Gpu*'
 # The reduced case set the sanitizers run (FLASHLAB_TEST_CASES: name substrings).
 sanitizer_cases='bf16_hdim64_basic,fp16_hdim128_causal,bf16_hdim64_sq_gt_sk_causal_masked_rows,fp16_hdim128_gqa8to1,bf16_hdim128_window_32_8,fp16_hdim64_varlen_zero_lengths,bf16_hdim128_padded_strides,fp32_hdim64_seqlen127,bf16_hdim64_dropout_causal_gqa'
 bench_extra=()
@@ -23,6 +25,7 @@ while [ $# -gt 0 ]; do
     --no-sanitizer) sanitize=0 ;;
     --no-bench) bench=0 ;;
     --no-python) python=0 ;;
+    --no-pybench) pybench=0 ;;
     --filter) filter="$2"; shift ;;
     --) shift; bench_extra=("$@"); break ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
@@ -55,7 +58,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 
 cutlass_flag=()
 [ -f .cutlass/include/cute/tensor.hpp ] && cutlass_flag=(-DCUTLASS_DIR="$PWD/.cutlass/include")
-step configure build.log cmake --preset hopper "${cutlass_flag[@]}"
+# The Python module comes out of the same build (one compile of the CUDA sources).
+python_flag=(-DFLASHLAB_PYTHON=OFF)
+[ "$python" = 1 ] && python3 -c 'import torch, nanobind' 2>/dev/null &&
+  python_flag=(-DFLASHLAB_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)")
+step configure build.log cmake --preset hopper "${cutlass_flag[@]}" "${python_flag[@]}"
 step build build.log cmake --build --preset hopper -j "$(nproc)"
 step "tests (all)" tests.log ctest --preset hopper
 bin=build/hopper
@@ -73,13 +80,11 @@ if [ "$bench" = 1 ]; then
   step "bench --backward --causal" backward.log "$bin/flashlab" bench --backward --causal "${bench_extra[@]}"
 fi
 
-if [ "$python" = 1 ] && python3 -c 'import torch, nanobind' 2>/dev/null; then
-  pybuild=build/py-hopper
-  step "python: build" python.log env FLASHLAB_CUDA=ON FLASHLAB_CUDA_ARCHS=90a \
-    ${cutlass_flag:+CUTLASS_DIR="$PWD/.cutlass/include"} scripts/py-build.sh "$pybuild"
-  export PYTHONPATH="$PWD/$pybuild/python${PYTHONPATH:+:$PYTHONPATH}"
+if [ "${python_flag[0]}" = -DFLASHLAB_PYTHON=ON ]; then
+  step "python: stage" python.log scripts/py-build.sh --stage-only "$bin"
+  export PYTHONPATH="$PWD/$bin/python${PYTHONPATH:+:$PYTHONPATH}"
   step "python: pytest" pytest.log python3 -m pytest tests/python -q -rs
-  if [ "$bench" = 1 ] && [ -f python/flashlab/bench.py ]; then
+  if [ "$bench" = 1 ] && [ "$pybench" = 1 ]; then
     step "python: bench --quick" pybench.log python3 -m flashlab.bench --quick --out "$logs/pybench"
   fi
 fi

@@ -3,6 +3,7 @@
 # has nanobind but no scikit-build-core) and stage an importable package:
 #
 #   scripts/py-build.sh [BUILD_DIR]        # default build/py
+#   scripts/py-build.sh --stage-only DIR   # stage the module of a build made elsewhere
 #   PYTHONPATH=build/py/python python3 -c 'import flashlab; print(flashlab.kernels())'
 #
 # The staged package links to python/flashlab/*.py, so edits to the Python layer need no
@@ -12,13 +13,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# --stage-only BUILD_DIR: stage the module another build made (configured with
+# -DFLASHLAB_PYTHON=ON, as scripts/gpu-check.sh does with its hopper build).
+stage_only=0
+if [ "${1:-}" = --stage-only ]; then stage_only=1; shift; fi
 bdir="${1:-build/py}"
-py="$(command -v python3)"
-cmake -S . -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DFLASHLAB_PYTHON=ON -DFLASHLAB_TESTS=OFF -DFLASHLAB_CLI=OFF -DFLASHLAB_CUTE_SMOKE=OFF \
-  -DFLASHLAB_CUDA="${FLASHLAB_CUDA:-AUTO}" -DFLASHLAB_CUDA_ARCHS="${FLASHLAB_CUDA_ARCHS:-90a}" \
-  ${CUTLASS_DIR:+-DCUTLASS_DIR="$CUTLASS_DIR"} -DPython_EXECUTABLE="$py" >/dev/null
-cmake --build "$bdir" -j "$(nproc)" --target _flashlab
+if [ "$stage_only" = 0 ]; then
+  py="$(command -v python3)"
+  cmake -S . -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DFLASHLAB_PYTHON=ON -DFLASHLAB_TESTS=OFF -DFLASHLAB_CLI=OFF -DFLASHLAB_CUTE_SMOKE=OFF \
+    -DFLASHLAB_CUDA="${FLASHLAB_CUDA:-AUTO}" -DFLASHLAB_CUDA_ARCHS="${FLASHLAB_CUDA_ARCHS:-90a}" \
+    ${CUTLASS_DIR:+-DCUTLASS_DIR="$CUTLASS_DIR"} -DPython_EXECUTABLE="$py" >/dev/null
+  cmake --build "$bdir" -j "$(nproc)" --target _flashlab
+fi
 
 stage="$bdir/python/flashlab"
 rm -rf "$stage"

@@ -76,15 +76,16 @@ namespace flashlab {
 KernelEntry cute_fa2_fwd_entry() {
   KernelEntry e;
   e.info = {"cute_fa2", "sm80+",
-            "CuTe FlashAttention-2 forward (sm80 path): TiledMMA m16n8k16, cp.async K/V "
-            "pipeline, swizzled smem, ldmatrix, P in registers; fp16/bf16, head dim "
-            "64/96/128/192/256, causal, window, softcap, GQA/MQA, varlen, LSE, dropout "
-            "(forward)",
-            true, false};
-  e.auto_priority = 40;  // auto's GPU forward: above fa2_mma (30)
+            "CuTe FlashAttention-2 (sm80 path): TiledMMA m16n8k16, cp.async, swizzled smem, "
+            "ldmatrix; forward with P in registers, backward with dQ in fp32 atomics "
+            "(deterministic on request); fp16/bf16, head dim 64/96/128/192/256, causal, "
+            "window, softcap, GQA/MQA, varlen, LSE, dropout",
+            true, true};
+  e.auto_priority = 40;  // auto's GPU forward and backward: above fa2_mma (30), fa2_simt_bwd (20)
   e.supports_fwd = sm80::supports;
   e.run_fwd = sm80::run;
   e.info.forward_dropout = true;  // Philox mask of common/dropout.h, one call per fragment
+  cute_fa2_add_backward(e);       // bwd_dispatch.cu
   return e;
 }
 

@@ -26,6 +26,7 @@
 
 #include "common/params.h"
 #include "cuda/common.cuh"
+#include "cuda/cute_common.cuh"
 #include "cuda/sm80/fwd_instance.h"
 #include "cuda/sm80/fwd_traits.h"
 
@@ -33,15 +34,12 @@ namespace flashlab::sm80 {
 
 using namespace cute;
 
-constexpr float kLog2e = 1.4426950408889634f;  // nats → log2 units
-constexpr float kLn2 = 0.6931471805599453f;    // log2 units → nats (the LSE)
-
-// 2^x on the special-function unit; 2^-inf = +0, which is what a masked logit needs.
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+using cuda::apply_mask;  // cuda/cute_common.cuh
+using cuda::exp2_approx;
+using cuda::FwdBlock;
+using cuda::kLn2;
+using cuda::kLog2e;
+using cuda::round_to;
 
 // ---- fragment views ------------------------------------------------------------------------
 // An m16n8 accumulator fragment ((2 cols, 2 rows), MMA_M, MMA_N) seen as a matrix
@@ -61,19 +59,6 @@ __device__ __forceinline__ auto acc_as_a_operand(Layout acc) {
   static_assert(decltype(rank(acc))::value == 3, "(MMA, MMA_M, MMA_N)");
   auto l = logical_divide(acc, Shape<Underscore, Underscore, _2>{});  // ((2,2), M, (2, N/2))
   return make_layout(make_layout(get<0>(l), get<2, 0>(l)), get<1>(l), get<2, 1>(l));
-}
-
-// A register fragment of fp32 rounded to Element (pairs become one cvt.rn.*x2), as an
-// owning fragment of the same shape.
-template <class Element, class Tensor_>
-__device__ __forceinline__ auto round_to(Tensor_ const& acc) {
-  using From = typename Tensor_::value_type;
-  constexpr int kN = decltype(size(acc))::value;
-  cutlass::NumericArrayConverter<Element, From, kN> convert;
-  Tensor out = make_tensor_like<Element>(acc);
-  *reinterpret_cast<cutlass::Array<Element, kN>*>(out.data()) =
-      convert(*reinterpret_cast<cutlass::Array<From, kN> const*>(acc.data()));
-  return out;
 }
 
 // ---- copies ------------------------------------------------------------------------------
@@ -130,38 +115,8 @@ __device__ __forceinline__ void gemm_rs(TiledMma const& mma, Acc& acc, RA const&
 }
 
 // ---- scheduler -------------------------------------------------------------------------
-// Which rows a CTA owns: batch entry b, query head h (KV head hk), rows [i0, i0 + rows) of
-// its sequence; and the key tiles [n_begin, n_end) that hold keys some of those rows see.
-struct FwdBlock {
-  int b, h, hk, m_block, i0, rows;
-  int n_begin, n_end;
-  cuda::SeqInfo seq;
-};
-
-// Query blocks run in reverse: under a causal mask the last ones see the most keys, and
-// starting the longest first shortens the tail of the grid.
-template <class Tr>
-__device__ __forceinline__ FwdBlock schedule(const FwdParams& p) {
-  FwdBlock blk;
-  blk.b = int(blockIdx.z);
-  blk.h = int(blockIdx.y);
-  blk.hk = blk.h / p.group;
-  blk.m_block = int(gridDim.x) - 1 - int(blockIdx.x);
-  blk.i0 = blk.m_block * Tr::kBlockM;
-  blk.seq = cuda::seq_info(p, blk.b);
-  blk.rows = min(Tr::kBlockM, blk.seq.len_q - blk.i0);  // <= 0: varlen, a shorter sequence
-  blk.n_begin = blk.n_end = 0;
-  if (blk.rows > 0) {
-    const int len_q = blk.seq.len_q, len_k = blk.seq.len_k;
-    const int key_lo = p.mask.block_key_begin(blk.i0, blk.i0 + blk.rows, len_q, len_k);
-    const int key_hi = p.mask.block_key_end(blk.i0, blk.i0 + blk.rows, len_q, len_k);
-    if (key_hi > key_lo) {
-      blk.n_begin = key_lo / Tr::kBlockN;
-      blk.n_end = (key_hi + Tr::kBlockN - 1) / Tr::kBlockN;
-    }
-  }
-  return blk;
-}
+// One CTA per (batch, head, query block), the longest first: cuda::schedule_fwd
+// (cuda/cute_common.cuh), shared with the Hopper forward.
 
 // ---- softmax -----------------------------------------------------------------------------
 // The running max m (in raw-score units) and this thread's part of ℓ, for the kRows rows
@@ -223,25 +178,6 @@ struct OnlineSoftmax {
   }
 };
 
-// Sets the scores of (row, key) pairs the mask hides to -inf. s and coords are (rows, cols)
-// views of the S accumulator and of the tile's identity tensor; the tile starts at query
-// row i0 and key j0 of the sequence. Keys at or past len_k are hidden too (key_end clamps).
-template <class S, class C>
-__device__ __forceinline__ void apply_mask(S& s, C const& coords, const MaskPolicy& mask, int i0,
-                                           int j0, int len_q, int len_k) {
-  CUTE_UNROLL
-  for (int r = 0; r < size<0>(s); ++r) {
-    const int i = i0 + get<0>(coords(r, 0));
-    const int lo = mask.key_begin(i, len_q, len_k) - j0;
-    const int hi = mask.key_end(i, len_q, len_k) - j0;
-    CUTE_UNROLL
-    for (int c = 0; c < size<1>(s); ++c) {
-      const int j = get<1>(coords(r, c));
-      if (j < lo || j >= hi) s(r, c) = -INFINITY;
-    }
-  }
-}
-
 // Zeroes the probabilities dropout drops (common/dropout.h); ℓ has already summed them, so
 // O = (P ∘ M) V / ℓ and the epilogue's 1/(1 − p) complete the definition. acc (MMA, MMA_M,
 // MMA_N) holds P; coords(0, m, n) is the (row, key) of value 0 of this thread's m16n8
@@ -278,7 +214,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   using BlkN = typename Tr::BlkN;
   using HeadDim = typename Tr::HeadDim;
 
-  const FwdBlock blk = schedule<Tr>(p);
+  const FwdBlock blk = cuda::schedule_fwd<Tr::kBlockM, Tr::kBlockN>(p);
   if (blk.rows <= 0) return;  // varlen: this sequence is shorter than the grid
   const int tid = int(threadIdx.x);
   const int len_q = blk.seq.len_q, len_k = blk.seq.len_k;

@@ -11,6 +11,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "cuda/cute_common.cuh"
 #include "flashlab/flashlab.h"
 
 namespace flashlab::sm80 {
@@ -30,17 +31,7 @@ struct MmaAtomFor<cutlass::bfloat16_t> {
   using type = SM80_16x8x16_F32BF16BF16F32_TN;
 };
 
-// The CUTLASS element type of a FlashLab dtype.
-template <DType kDtype>
-struct ElementFor;
-template <>
-struct ElementFor<DType::kF16> {
-  using type = cutlass::half_t;
-};
-template <>
-struct ElementFor<DType::kBF16> {
-  using type = cutlass::bfloat16_t;
-};
+using cuda::ElementFor;  // cuda/cute_common.cuh
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_,
           int kMinBlocksPerSm_>

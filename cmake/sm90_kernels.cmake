@@ -1,0 +1,39 @@
+# The Hopper forward (cute_fa3): built only when 90a is in FLASHLAB_CUDA_ARCHS, and then for
+# sm_90a alone (wgmma and setmaxnreg exist on no other target), so its sources live in an
+# object library with their own -gencode rather than the flashlab target's list of archs.
+# Included at the end of cmake/cuda_kernels.cmake (after flashlab_find_cutlass()).
+#
+# scripts/gen_sm90_instantiations.py writes instantiations/: one .cu per (head dim, dtype).
+if("90a" IN_LIST FLASHLAB_CUDA_ARCHS)
+  set(FLASHLAB_SM90_FWD_HEAD_DIMS 64 128 256)
+  set(FLASHLAB_SM90_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/fwd_dispatch.cu)
+  foreach(hdim IN LISTS FLASHLAB_SM90_FWD_HEAD_DIMS)
+    foreach(dtype fp16 bf16)
+      list(APPEND FLASHLAB_SM90_SOURCES
+        ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/instantiations/fwd_hdim${hdim}_${dtype}.cu)
+    endforeach()
+  endforeach()
+
+  # The schedule ablations (cute_fa3_no_pingpong, _no_overlap, _serial): bf16 head dim 128.
+  foreach(schedule no_pingpong no_overlap serial)
+    list(APPEND FLASHLAB_SM90_SOURCES
+      ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/instantiations/fwd_hdim128_bf16_${schedule}.cu)
+  endforeach()
+
+  add_library(flashlab_sm90 OBJECT ${FLASHLAB_SM90_SOURCES})
+  target_include_directories(flashlab_sm90 PRIVATE
+    ${CMAKE_CURRENT_SOURCE_DIR}/include
+    ${CMAKE_CURRENT_SOURCE_DIR}/src
+    ${FLASHLAB_CUTLASS_INCLUDE})
+  target_compile_definitions(flashlab_sm90 PRIVATE FLASHLAB_WITH_CUDA=1)
+  target_compile_options(flashlab_sm90 PRIVATE
+    -gencode=arch=compute_90a,code=sm_90a -O3 --expt-relaxed-constexpr -lineinfo
+    -Xptxas=-warn-spills)
+  set_target_properties(flashlab_sm90 PROPERTIES POSITION_INDEPENDENT_CODE ON)
+
+  list(APPEND FLASHLAB_CUDA_SOURCES $<TARGET_OBJECTS:flashlab_sm90>)
+  # registry.cu registers cute_fa3 only in builds that have it (a property of that one
+  # source, so that no other object's command line, or compiler cache entry, changes).
+  set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/registry.cu APPEND PROPERTY
+    COMPILE_DEFINITIONS FLASHLAB_WITH_SM90=1)
+endif()

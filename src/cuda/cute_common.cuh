@@ -1,0 +1,121 @@
+// What the CuTe kernels of both paths share (sm80: cute_fa2, sm90: cute_fa3): the CUTLASS
+// element type of a dtype, exp2 on the special-function unit, fp32 fragments rounded to the
+// input type, the mask applied to a tile of scores, and the forward's one-tile-per-CTA
+// schedule. Each path pulls these into its namespace with using-declarations.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/numeric_types.h>
+
+#include <cmath>
+
+#include "common/mask.h"
+#include "common/params.h"
+#include "cuda/common.cuh"
+#include "flashlab/flashlab.h"
+
+namespace flashlab::cuda {
+
+// The CUTLASS element type of a FlashLab dtype.
+template <DType kDtype>
+struct ElementFor;
+template <>
+struct ElementFor<DType::kF16> {
+  using type = cutlass::half_t;
+};
+template <>
+struct ElementFor<DType::kBF16> {
+  using type = cutlass::bfloat16_t;
+};
+
+constexpr float kLog2e = 1.4426950408889634f;  // nats → log2 units
+constexpr float kLn2 = 0.6931471805599453f;    // log2 units → nats (the LSE)
+
+// 2^x on the special-function unit; 2^-inf = +0, which is what a masked logit needs.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// A register fragment of fp32 rounded to Element (pairs become one cvt.rn.*x2), as an
+// owning fragment of the same shape.
+template <class Element, class Tensor_>
+__device__ __forceinline__ auto round_to(Tensor_ const& acc) {
+  using From = typename Tensor_::value_type;
+  constexpr int kN = decltype(cute::size(acc))::value;
+  cutlass::NumericArrayConverter<Element, From, kN> convert;
+  cute::Tensor out = cute::make_tensor_like<Element>(acc);
+  *reinterpret_cast<cutlass::Array<Element, kN>*>(out.data()) =
+      convert(*reinterpret_cast<cutlass::Array<From, kN> const*>(acc.data()));
+  return out;
+}
+
+// The same rounding into an existing fragment (a P reused across key tiles).
+template <class Src, class Dst>
+__device__ __forceinline__ void round_into(Src const& acc, Dst& out) {
+  using From = typename Src::value_type;
+  using To = typename Dst::value_type;
+  constexpr int kN = decltype(cute::size(acc))::value;
+  static_assert(kN == decltype(cute::size(out))::value, "same number of values");
+  cutlass::NumericArrayConverter<To, From, kN> convert;
+  *reinterpret_cast<cutlass::Array<To, kN>*>(out.data()) =
+      convert(*reinterpret_cast<cutlass::Array<From, kN> const*>(acc.data()));
+}
+
+// Sets the scores of (row, key) pairs the mask hides to -inf. s and coords are (rows, cols)
+// views of the S accumulator and of the tile's identity tensor; the tile starts at query
+// row i0 and key j0 of the sequence. Keys at or past len_k are hidden too (key_end clamps).
+template <class S, class C>
+__device__ __forceinline__ void apply_mask(S& s, C const& coords, const MaskPolicy& mask, int i0,
+                                           int j0, int len_q, int len_k) {
+  CUTE_UNROLL
+  for (int r = 0; r < cute::size<0>(s); ++r) {
+    const int i = i0 + cute::get<0>(coords(r, 0));
+    const int lo = mask.key_begin(i, len_q, len_k) - j0;
+    const int hi = mask.key_end(i, len_q, len_k) - j0;
+    CUTE_UNROLL
+    for (int c = 0; c < cute::size<1>(s); ++c) {
+      const int j = cute::get<1>(coords(r, c));
+      if (j < lo || j >= hi) s(r, c) = -INFINITY;
+    }
+  }
+}
+
+// ---- the forward's tile scheduler ------------------------------------------------------------
+// Which rows a CTA owns: batch entry b, query head h (KV head hk), rows [i0, i0 + rows) of
+// its sequence; and the key tiles [n_begin, n_end) that hold keys some of those rows see
+// (empty: no key, O = 0). One CTA per tile, grid (query blocks, heads_q, batch).
+struct FwdBlock {
+  int b, h, hk, m_block, i0, rows;
+  int n_begin, n_end;
+  SeqInfo seq;
+};
+
+// Query blocks run in reverse: under a causal mask the last ones see the most keys, and
+// starting the longest first shortens the tail of the grid.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ FwdBlock schedule_fwd(const FwdParams& p) {
+  FwdBlock blk;
+  blk.b = int(blockIdx.z);
+  blk.h = int(blockIdx.y);
+  blk.hk = blk.h / p.group;
+  blk.m_block = int(gridDim.x) - 1 - int(blockIdx.x);
+  blk.i0 = blk.m_block * kBlockM;
+  blk.seq = seq_info(p, blk.b);
+  blk.rows = min(kBlockM, blk.seq.len_q - blk.i0);  // <= 0: varlen, a shorter sequence
+  blk.n_begin = blk.n_end = 0;
+  if (blk.rows > 0) {
+    const int len_q = blk.seq.len_q, len_k = blk.seq.len_k;
+    const int key_lo = p.mask.block_key_begin(blk.i0, blk.i0 + blk.rows, len_q, len_k);
+    const int key_hi = p.mask.block_key_end(blk.i0, blk.i0 + blk.rows, len_q, len_k);
+    if (key_hi > key_lo) {
+      blk.n_begin = key_lo / kBlockN;
+      blk.n_end = (key_hi + kBlockN - 1) / kBlockN;
+    }
+  }
+  return blk;
+}
+
+}  // namespace flashlab::cuda

@@ -1,0 +1,309 @@
+// The Hopper forward kernel (`cute_fa3`, sm_90a): the layers wired to warpgroups, and the
+// launch (tensor maps built on the host per call).
+//   tile scheduler  fwd_scheduler.cuh   one CTA per (batch, head, 128-row query block)
+//   mainloop        fwd_mainloop.cuh    TMA producer; wgmma consumers
+//   softmax         fwd_softmax.cuh     online softmax in exp2 units, MaskPolicy
+//   epilogue        fwd_epilogue.cuh    normalize, LSE, O through shared memory
+//
+// What it adds over cute_fa2 (the sm80 path): the copy engine moves Q, K and V (one thread
+// issues a whole tile; ragged tiles are zero-filled by the hardware), the tensor cores read
+// both operands of S = Q Kᵀ and V of P V straight from shared memory (wgmma, a warpgroup of
+// 128 threads per 64 × N instruction, no ldmatrix), and the roles are split: warpgroup 0
+// only loads, the others (two or three) only compute, with registers moved to them by
+// setmaxnreg.
+// K and V stream through 2-stage rings on mbarriers, so loads run ahead of the math without
+// any __syncthreads in the loop.
+// The consumers' schedule has two switches in the traits, each measured by turning it off
+// (docs/sm90/fwd.md): pingpong (the two warpgroups take turns on the tensor cores, so one's
+// softmax hides under the other's GEMMs) and the intra-warpgroup overlap (S of the next tile
+// is issued with P V of this one, and its softmax runs while P V is still in flight).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "common/params.h"
+#include "cuda/common.cuh"
+#include "cuda/sm90/fwd_epilogue.cuh"
+#include "cuda/sm90/fwd_instance.h"
+#include "cuda/sm90/fwd_mainloop.cuh"
+#include "cuda/sm90/fwd_scheduler.cuh"
+#include "cuda/sm90/fwd_softmax.cuh"
+#include "cuda/sm90/fwd_traits.h"
+
+namespace flashlab::sm90 {
+
+using namespace cute;
+
+template <class Tr>
+struct KernelParams {
+  FwdParams p;
+  MainloopParams<Tr> mainloop;
+};
+
+// ---- the consumer warpgroups --------------------------------------------------------------
+// ctid: the thread's index among the consumers; warpgroup ctid / 128 owns rows
+// [64·(ctid / 128), +64) of the tile.
+template <class Tr, bool kSoftcap>
+__device__ __forceinline__ void consume(const FwdParams& p, const FwdBlock& blk,
+                                        typename Tr::SharedStorage& ss,
+                                        typename Tr::PipelineKV& pipeline_k,
+                                        typename Tr::PipelineKV& pipeline_v, int ctid) {
+  using Element = typename Tr::Element;
+  using BlkM = typename Tr::BlkM;
+  using BlkN = typename Tr::BlkN;
+  using HeadDim = typename Tr::HeadDim;
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});    // (BLK_M, D)
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutK{});    // (BLK_N, D, STAGES)
+  Tensor sVt = make_tensor(make_smem_ptr(ss.v.data()), typename Tr::SmemLayoutVt{});  // (D, BLK_N, STAGES)
+
+  typename Tr::TiledMmaQK mma_qk;
+  typename Tr::TiledMmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(ctid);
+  auto thr_pv = mma_pv.get_thread_slice(ctid);
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_D): descriptors
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_D, STAGES)
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_N, STAGES)
+  Tensor acc_o = partition_fragment_C(mma_pv, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
+  clear(acc_o);
+
+  // (row, key) of each score this thread holds, as (rows, cols) like the scores themselves.
+  Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<BlkM, BlkN>{}));  // (MMA, MMA_M, MMA_N)
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));         // (rows, cols)
+
+  constexpr int kRows = decltype(size<0>(acc_rowcol(acc_o.layout())))::value;
+  OnlineSoftmax<kRows> softmax;
+  const MaskPolicy mask = p.mask;
+  const int len_q = blk.seq.len_q, len_k = blk.seq.len_k;
+  // Softcap: logit = cap·tanh(s·scale / cap), so the softmax sees tanh(·) scaled by cap·log2 e.
+  const float scale_log2 = kSoftcap ? mask.softcap * kLog2e : p.scale_log2;
+  const float softcap_pre = kSoftcap ? p.scale / mask.softcap : 0.f;
+
+  // Pingpong: warpgroup w issues its wgmma batches only in its turn (barrier
+  // kSchedulerBarrier + w, 256 threads: its own 128 wait, the previous warpgroup's 128
+  // arrive) and passes the turn on to w + 1 after issuing. The last warpgroup opens by
+  // passing the first turn to warpgroup 0 and skips its last pass, so that every arrival
+  // is matched by a wait.
+  constexpr int kNWg = Tr::kNConsumerWarpgroups;
+  const int wg = ctid / 128;
+  auto take_turn = [&] {
+    if constexpr (Tr::kPingpong) cutlass::arch::NamedBarrier::sync(256, Tr::kSchedulerBarrier + wg);
+  };
+  auto pass_turn = [&](bool last) {
+    if constexpr (Tr::kPingpong) {
+      if (!(last && wg == kNWg - 1))
+        cutlass::arch::NamedBarrier::arrive(256, Tr::kSchedulerBarrier + (wg + 1) % kNWg);
+    }
+  };
+
+  Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
+  if (blk.n_end > blk.n_begin) {
+    cutlass::arch::ClusterBarrier::wait(&ss.barrier_q, 0);
+    if constexpr (Tr::kPingpong) {
+      if (wg == kNWg - 1) cutlass::arch::NamedBarrier::arrive(256, Tr::kSchedulerBarrier);
+    }
+    Tensor acc_s = partition_fragment_C(mma_qk, Shape<BlkM, BlkN>{});  // (MMA, MMA_M, MMA_N)
+    // P, rounded to Element, is P V's register A operand: two adjacent 8-key accumulator
+    // blocks are one 16-key k-block.
+    Tensor rP = make_tensor_like<Element>(acc_s);                         // (MMA, MMA_M, MMA_N)
+    Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_M, MMA_K)
+    float rescale[kRows];
+    // The scores of key tile n in acc_s → P (in place), and in rescale the factors O's rows
+    // need.
+    auto softmax_step = [&](int n) {
+      const int j0 = n * Tr::kBlockN;
+      Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (rows, cols)
+      if constexpr (kSoftcap) {
+        CUTE_UNROLL
+        for (int e = 0; e < size(s); ++e) s(e) = tanhf(s(e) * softcap_pre);
+      }
+      // Per-element masking only on the tiles the mask (or the end of the keys) cuts.
+      if (j0 + Tr::kBlockN > len_k ||
+          !mask.tile_is_full(blk.i0, blk.i0 + blk.rows, j0, j0 + Tr::kBlockN, len_q, len_k))
+        apply_mask(s, tScS_rc, mask, blk.i0, j0, len_q, len_k);
+      softmax.update(s, scale_log2, rescale);
+    };
+
+    // K and V advance through their rings in the same order; with the overlap V lags K by
+    // one tile.
+    typename Tr::PipelineState state_k, state_v;  // stage 0, phase 0
+
+    if constexpr (Tr::kIntraOverlap) {
+      // Prologue: S of the last tile alone.
+      pipeline_k.consumer_wait(state_k);
+      take_turn();
+      warpgroup_gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s);
+      pass_turn(false);
+      warpgroup_wait_for<0>(acc_s);
+      pipeline_k.consumer_release(state_k);
+      ++state_k;
+      softmax_step(blk.n_end - 1);  // O is still 0: nothing to rescale
+      round_into(acc_s, rP);
+      // Steady state: S(n) and O += P(n+1) V(n+1) in one turn; S(n)'s softmax while P V runs.
+      for (int n = blk.n_end - 2; n >= blk.n_begin; --n) {
+        pipeline_k.consumer_wait(state_k);
+        pipeline_v.consumer_wait(state_v);
+        take_turn();
+        warpgroup_gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s);
+        warpgroup_gemm_issue<false>(mma_pv, tOrP, tOrV(_, _, _, state_v.index()), acc_o);
+        pass_turn(false);
+        warpgroup_wait_for<1>(acc_s);  // S(n) is done, P V may still run
+        pipeline_k.consumer_release(state_k);
+        ++state_k;
+        softmax_step(n);
+        warpgroup_wait_for<0>(acc_o, tOrP);
+        pipeline_v.consumer_release(state_v);
+        ++state_v;
+        OnlineSoftmax<kRows>::rescale_o(o, rescale);  // O into S(n)'s max, after P(n+1) V
+        round_into(acc_s, rP);
+      }
+      // Epilogue of the loop: P V of the first tile.
+      pipeline_v.consumer_wait(state_v);
+      take_turn();
+      warpgroup_gemm_issue<false>(mma_pv, tOrP, tOrV(_, _, _, state_v.index()), acc_o);
+      pass_turn(true);
+      warpgroup_wait_for<0>(acc_o, tOrP);
+      pipeline_v.consumer_release(state_v);
+    } else {
+      // One tile at a time, each wgmma batch waited for in place.
+      for (int n = blk.n_end - 1; n >= blk.n_begin; --n) {
+        pipeline_k.consumer_wait(state_k);
+        take_turn();
+        warpgroup_gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s);
+        pass_turn(false);
+        warpgroup_wait_for<0>(acc_s);
+        pipeline_k.consumer_release(state_k);
+        ++state_k;
+        softmax_step(n);
+        OnlineSoftmax<kRows>::rescale_o(o, rescale);
+        round_into(acc_s, rP);
+        pipeline_v.consumer_wait(state_v);
+        take_turn();
+        warpgroup_gemm_issue<false>(mma_pv, tOrP, tOrV(_, _, _, state_v.index()), acc_o);
+        pass_turn(n == blk.n_begin);
+        warpgroup_wait_for<0>(acc_o, tOrP);
+        pipeline_v.consumer_release(state_v);
+        ++state_v;
+      }
+    }
+  }
+
+  float lse[kRows];
+  softmax.finish(o, scale_log2, lse);
+  store_output<Tr>(p, blk, ss, acc_o, lse, ctid);
+}
+
+// ---- the kernel --------------------------------------------------------------------------
+// grid (ceil(seqlen_q / kBlockM), heads_q, batch), kNThreads = 384 threads, one CTA per SM
+// (the register cap at entry that setmaxnreg needs). Two variants, picked at launch: plain
+// and kSoftcap (tanh's temporaries stay out of the plain kernel).
+template <class Tr, bool kSoftcap>
+__global__ void __launch_bounds__(Tr::kNThreads, 1)
+    fwd_kernel(const __grid_constant__ KernelParams<Tr> kp) {
+  using PipelineKV = typename Tr::PipelineKV;
+  const FwdParams& p = kp.p;
+
+  const FwdBlock blk = schedule<Tr>(p);
+  if (blk.rows <= 0) return;  // varlen: this sequence is shorter than the grid (whole CTA)
+
+  extern __shared__ __align__(1024) unsigned char smem[];
+  auto& ss = *reinterpret_cast<typename Tr::SharedStorage*>(smem);
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  const bool producer = warp_group == 0;
+
+  // Barriers: Q's (one arrival, the producer's, plus the bytes), and K's and V's rings
+  // (initialized by warp 0 inside the pipeline constructors, fenced there for the copy
+  // engine); the __syncthreads publishes them before anyone waits or copies.
+  if (threadIdx.x == 0) cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_q, 1);
+  typename PipelineKV::Params pipe;
+  pipe.transaction_bytes = Tr::kTmaBytesKV;
+  pipe.role = producer ? PipelineKV::ThreadCategory::Producer
+                       : PipelineKV::ThreadCategory::Consumer;
+  pipe.is_leader = threadIdx.x == 0;  // the one producer thread that issues copies
+  pipe.num_consumers = Tr::kNConsumerThreads;
+  PipelineKV pipeline_k(ss.pipeline_k, pipe, Shape<_1, _1, _1>{});
+  PipelineKV pipeline_v(ss.pipeline_v, pipe, Shape<_1, _1, _1>{});
+  __syncthreads();
+
+  if (producer) {
+    cutlass::arch::warpgroup_reg_dealloc<Tr::kProducerRegs>();
+    if (threadIdx.x == 0 && blk.n_end > blk.n_begin)
+      load<Tr>(kp.mainloop, p, blk, ss, pipeline_k, pipeline_v);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Tr::kConsumerRegs>();
+    consume<Tr, kSoftcap>(p, blk, ss, pipeline_k, pipeline_v, int(threadIdx.x) - 128);
+  }
+}
+
+// ---- launch ------------------------------------------------------------------------------
+// The tensor maps. TMA wants every stride but the head dim's a multiple of 16 bytes
+// (supports() checks that) and nonzero; a mode of extent 1 is never stepped, so its stride
+// is free and gets a harmless 16 bytes.
+template <class Tr>
+typename Tr::GmemTensor gmem_tensor(const void* ptr, int rows, int64_t row_stride, int heads,
+                                    int64_t head_stride, int batch, int64_t batch_stride) {
+  using Element = typename Tr::Element;
+  constexpr int64_t k16Bytes = 16 / int64_t(sizeof(Element));
+  auto fix = [](int extent, int64_t stride) { return extent == 1 ? k16Bytes : stride; };
+  return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
+                     make_layout(make_shape(rows, int(Tr::kHeadDim), heads, batch),
+                                 make_stride(fix(rows, row_stride), _1{}, fix(heads, head_stride),
+                                             fix(batch, batch_stride))));
+}
+
+template <class Tr, bool kSoftcap>
+Status launch_fwd(const FwdParams& p) {
+  // Varlen: all sequences packed in rows, one "batch" (the kernel offsets by cu_seqlens).
+  const int q_rows = p.varlen ? int(p.total_q) : p.seqlen_q;
+  const int kv_rows = p.varlen ? int(p.total_k) : p.seqlen_k;
+  const int batch = p.varlen ? 1 : p.batch;
+  if (q_rows == 0) return {};  // no row to write
+  auto q = gmem_tensor<Tr>(p.q, q_rows, p.q_row_stride, p.heads_q, p.q_head_stride, batch,
+                           p.q_batch_stride);
+  // With no key at all no K/V copy is ever issued, but the maps must still be valid ones
+  // (a tensor map has no empty extent): they then describe Q's memory.
+  const bool no_keys = kv_rows == 0;
+  auto k = no_keys ? q
+                   : gmem_tensor<Tr>(p.k, kv_rows, p.k_row_stride, p.heads_kv, p.k_head_stride,
+                                     batch, p.k_batch_stride);
+  auto v = no_keys ? q
+                   : gmem_tensor<Tr>(p.v, kv_rows, p.v_row_stride, p.heads_kv, p.v_head_stride,
+                                     batch, p.v_batch_stride);
+  const KernelParams<Tr> kp{
+      p,
+      {make_tma_copy(SM90_TMA_LOAD{}, q, typename Tr::SmemLayoutQ{}),
+       make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Tr::SmemLayoutK{})),
+       make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(typename Tr::SmemLayoutV{})), q_rows, batch,
+       kv_rows, batch}};
+
+  const auto kernel = fwd_kernel<Tr, kSoftcap>;
+  FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     Tr::kSmemBytes));
+  const dim3 grid((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, p.heads_q, p.batch);
+  kernel<<<grid, Tr::kNThreads, Tr::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(kp);
+  FL_CUDA_CHECK_LAUNCH();
+  return {};
+}
+
+// The per-(dtype, head dim) entry points that fwd_dispatch.cu calls (fwd_instance.h); each
+// instantiations/fwd_hdim*_*.cu file instantiates one.
+template <DType kDtype, int kHeadDim, Schedule kSchedule>
+Status FwdInstance<kDtype, kHeadDim, kSchedule>::run(const FwdParams& p) {
+  using Tr = typename FwdConfig<kDtype, kHeadDim, kSchedule>::Traits;
+  return p.mask.softcap > 0.f ? launch_fwd<Tr, true>(p) : launch_fwd<Tr, false>(p);
+}
+template <DType kDtype, int kHeadDim, Schedule kSchedule>
+const void* FwdInstance<kDtype, kHeadDim, kSchedule>::kernel() {
+  return reinterpret_cast<const void*>(
+      fwd_kernel<typename FwdConfig<kDtype, kHeadDim, kSchedule>::Traits, false>);
+}
+template <DType kDtype, int kHeadDim, Schedule kSchedule>
+int FwdInstance<kDtype, kHeadDim, kSchedule>::smem_bytes() {
+  return FwdConfig<kDtype, kHeadDim, kSchedule>::Traits::kSmemBytes;
+}
+
+}  // namespace flashlab::sm90

@@ -1,0 +1,139 @@
+// Mainloop of the Hopper forward, both sides of the pipelines:
+//   producer  one thread of warpgroup 0: Q once, then K(n) and V(n) for every key tile, last
+//             to first, each a TMA copy into its ring stage completing on that stage's
+//             mbarrier (PipelineTmaAsync: the producer waits for the stage to be empty,
+//             arrives with the byte count it expects, the copy engine completes the phase)
+//   consumer  the other warpgroups: S = Q Kᵀ and O += P V on wgmma, operands in shared memory
+//             (P in registers), releasing each stage once its wgmma has completed
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_conversion.h>
+
+#include "common/params.h"
+#include "cuda/sm90/fwd_scheduler.cuh"
+#include "cuda/sm90/fwd_traits.h"
+
+namespace flashlab::sm90 {
+
+using namespace cute;
+
+// What the mainloop needs from the host: the tensor maps (built per call in fwd_kernel.cuh)
+// and the extents of the global tensors they describe, (rows, D, heads, batch).
+template <class Tr>
+struct MainloopParams {
+  typename Tr::TmaQ tma_q;
+  typename Tr::TmaKV tma_k;
+  typename Tr::TmaKV tma_v;
+  int q_rows, q_batch;    // varlen: (total_q, 1); else (seqlen_q, batch)
+  int kv_rows, kv_batch;  // varlen: (total_k, 1); else (seqlen_k, batch)
+};
+
+// ---- producer --------------------------------------------------------------------------
+// Issued by one thread. The tiles are in TMA coordinates, so the rows past the end of the
+// tensor (a ragged last tile) arrive as zeros and still count toward the expected bytes.
+template <class Tr>
+__device__ __forceinline__ void load(const MainloopParams<Tr>& mp, const FwdParams& p,
+                                     const FwdBlock& blk, typename Tr::SharedStorage& ss,
+                                     typename Tr::PipelineKV& pipeline_k,
+                                     typename Tr::PipelineKV& pipeline_v) {
+  using BlkM = typename Tr::BlkM;
+  using BlkN = typename Tr::BlkN;
+  using HeadDim = typename Tr::HeadDim;
+
+  const int bq = p.varlen ? 0 : blk.b;  // varlen: one packed "batch", offset by cu_seqlens
+  Tensor mQ = mp.tma_q.get_tma_tensor(
+      make_shape(mp.q_rows, int(Tr::kHeadDim), p.heads_q, mp.q_batch));  // (rows, D, heads, batch)
+  Tensor mK = mp.tma_k.get_tma_tensor(
+      make_shape(mp.kv_rows, int(Tr::kHeadDim), p.heads_kv, mp.kv_batch));  // (rows, D, heads, batch)
+  Tensor mV = mp.tma_v.get_tma_tensor(
+      make_shape(mp.kv_rows, int(Tr::kHeadDim), p.heads_kv, mp.kv_batch));  // (rows, D, heads, batch)
+  Tensor mQ_seq = domain_offset(make_coord(int(blk.seq.start_q), _0{}), mQ(_, _, blk.h, bq));   // (len_q, D)
+  Tensor mK_seq = domain_offset(make_coord(int(blk.seq.start_k), _0{}), mK(_, _, blk.hk, bq));  // (len_k, D)
+  Tensor mV_seq = domain_offset(make_coord(int(blk.seq.start_k), _0{}), mV(_, _, blk.hk, bq));  // (len_k, D)
+  Tensor gQ = local_tile(mQ_seq, Shape<BlkM, HeadDim>{}, make_coord(blk.m_block, _0{}));  // (BLK_M, D)
+  Tensor gK = local_tile(mK_seq, Shape<BlkN, HeadDim>{}, make_coord(_, _0{}));  // (BLK_N, D, n)
+  Tensor gV = local_tile(mV_seq, Shape<BlkN, HeadDim>{}, make_coord(_, _0{}));  // (BLK_N, D, n)
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});  // (BLK_M, D)
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutK{});  // (BLK_N, D, STAGES)
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Tr::SmemLayoutV{});  // (BLK_N, D, STAGES)
+
+  // Each partition: mode 0 is one TMA copy's worth (TMA, TMA_ITER), then the rest.
+  auto [tQgQ, tQsQ] = tma_partition(mp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                    group_modes<0, 2>(gQ));  // (TMA), (TMA)
+  auto [tKgK, tKsK] = tma_partition(mp.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                    group_modes<0, 2>(gK));  // (TMA, n), (TMA, STAGES)
+  auto [tVgV, tVsV] = tma_partition(mp.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                    group_modes<0, 2>(gV));  // (TMA, n), (TMA, STAGES)
+
+  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.barrier_q, Tr::kTmaBytesQ);
+  copy(mp.tma_q.with(ss.barrier_q), tQgQ, tQsQ);
+
+  auto state = cutlass::make_producer_start_state<typename Tr::PipelineKV>();
+  for (int n = blk.n_end - 1; n >= blk.n_begin; --n) {
+    pipeline_k.producer_acquire(state);  // stage empty; expects kTmaBytesKV on its barrier
+    copy(mp.tma_k.with(*pipeline_k.producer_get_barrier(state)), tKgK(_, n),
+         tKsK(_, state.index()));
+    pipeline_v.producer_acquire(state);
+    copy(mp.tma_v.with(*pipeline_v.producer_get_barrier(state)), tVgV(_, n),
+         tVsV(_, state.index()));
+    ++state;
+  }
+}
+
+// ---- consumer: warpgroup MMAs -------------------------------------------------------------
+// Issues acc (+)= A·B over all k-blocks as one wgmma batch and returns at once: the caller
+// waits with warpgroup_wait<k> (k batches may stay in flight) and then fences acc (and a
+// register A) before touching them.
+//   tA (MMA, MMA_M, MMA_K): shared-memory descriptors, or registers (P)
+//   tB (MMA, MMA_N, MMA_K): shared-memory descriptors; acc (MMA, MMA_M, MMA_N)
+// The operand fences keep the compiler from moving register reads or writes of the
+// accumulators (and of a register A) across the asynchronous MMA.
+template <bool kZeroInit, class TiledMma, class TA, class TB, class Acc>
+__device__ __forceinline__ void warpgroup_gemm_issue(TiledMma& mma, TA& tA, TB const& tB,
+                                                     Acc& acc) {
+  constexpr bool kARegs = !is_same_v<typename TA::value_type, GMMA::DescriptorIterator::value_type>;  // P, not Q
+  if constexpr (kARegs) warpgroup_fence_operand(tA);
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(tA); ++k) {
+    gemm(mma, tA(_, _, k), tB(_, _, k), acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(acc);
+  if constexpr (kARegs) warpgroup_fence_operand(tA);
+}
+
+// Waits until at most kInFlight of this warpgroup's wgmma batches are still running, then
+// fences the registers the finished ones wrote (or read).
+template <int kInFlight, class T>
+__device__ __forceinline__ void warpgroup_wait_for(T& operand) {
+  warpgroup_wait<kInFlight>();
+  warpgroup_fence_operand(operand);
+}
+template <int kInFlight, class T, class U>
+__device__ __forceinline__ void warpgroup_wait_for(T& operand, U& other) {
+  warpgroup_wait<kInFlight>();
+  warpgroup_fence_operand(operand);
+  warpgroup_fence_operand(other);
+}
+
+// The accumulator of S = Q Kᵀ over keys (N) as the register A operand of O = P V over keys
+// (K): two adjacent 8-key column blocks are one 16-key k-block, value for value.
+// ((2, 2, N/8), MMA_M, MMA_N) → ((2, 2, 2), MMA_M, (N/16, MMA_N))
+template <class Layout>
+CUTE_HOST_DEVICE auto acc_as_a_operand(Layout acc) {
+  static_assert(decltype(rank(get<0>(acc)))::value == 3, "a wgmma accumulator: (2, 2, N/8)");
+  auto blocks = logical_divide(get<0, 2>(acc), Tile<_2>{});  // ((2, N/16))
+  return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0, 0>(blocks)), get<1>(acc),
+                     coalesce(make_layout(get<0, 1>(blocks), get<2>(acc))));
+}
+
+using cuda::round_into;  // cuda/cute_common.cuh
+using cuda::round_to;
+
+}  // namespace flashlab::sm90

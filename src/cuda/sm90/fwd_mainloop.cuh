@@ -70,15 +70,35 @@ __device__ __forceinline__ void load(const MainloopParams<Tr>& mp, const FwdPara
   cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.barrier_q, Tr::kTmaBytesQ);
   copy(mp.tma_q.with(ss.barrier_q), tQgQ, tQsQ);
 
-  auto state = cutlass::make_producer_start_state<typename Tr::PipelineKV>();
-  for (int n = blk.n_end - 1; n >= blk.n_begin; --n) {
-    pipeline_k.producer_acquire(state);  // stage empty; expects kTmaBytesKV on its barrier
-    copy(mp.tma_k.with(*pipeline_k.producer_get_barrier(state)), tKgK(_, n),
-         tKsK(_, state.index()));
-    pipeline_v.producer_acquire(state);
-    copy(mp.tma_v.with(*pipeline_v.producer_get_barrier(state)), tVgV(_, n),
-         tVsV(_, state.index()));
-    ++state;
+  // The copies go out in the order the consumers use them: with the intra-warpgroup overlap
+  // K(n) is consumed together with V(n + 1), so K runs one tile ahead of V here too and a
+  // K copy never waits behind a V stage that is still being read.
+  auto state_k = cutlass::make_producer_start_state<typename Tr::PipelineKV>();
+  auto state_v = state_k;
+  auto load_k = [&](int n) {
+    pipeline_k.producer_acquire(state_k);  // stage empty; expects kTmaBytesKV on its barrier
+    copy(mp.tma_k.with(*pipeline_k.producer_get_barrier(state_k)), tKgK(_, n),
+         tKsK(_, state_k.index()));
+    ++state_k;
+  };
+  auto load_v = [&](int n) {
+    pipeline_v.producer_acquire(state_v);
+    copy(mp.tma_v.with(*pipeline_v.producer_get_barrier(state_v)), tVgV(_, n),
+         tVsV(_, state_v.index()));
+    ++state_v;
+  };
+  if constexpr (Tr::kIntraOverlap) {
+    load_k(blk.n_end - 1);
+    for (int n = blk.n_end - 2; n >= blk.n_begin; --n) {
+      load_k(n);
+      load_v(n + 1);
+    }
+    load_v(blk.n_begin);
+  } else {
+    for (int n = blk.n_end - 1; n >= blk.n_begin; --n) {
+      load_k(n);
+      load_v(n);
+    }
   }
 }
 

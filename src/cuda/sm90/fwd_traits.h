@@ -150,7 +150,9 @@ struct FwdConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
                 "no tile shape for this head dim");
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
-  static constexpr int kStages = 2;
+  // Three K/V stages where they fit in the 227 KiB a block may use (head dim 256: 192 KiB
+  // with two).
+  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
   static constexpr int kConsumers = 2;
   static constexpr bool kPingpong = kSchedule == Schedule::kFull || kSchedule == Schedule::kNoOverlap;
   static constexpr bool kOverlap = kSchedule == Schedule::kFull || kSchedule == Schedule::kNoPingpong;

@@ -66,6 +66,8 @@ def test_values_and_gradients(case, dtype, d):
     "none", marks=pytest.mark.skip(reason="this build has no GPU kernels"))])
 def test_every_gpu_kernel_by_name(kernel, dtype, d):
     # A forward-only kernel's backward runs on auto, a backward-only kernel's forward too.
+    if kernel.startswith("cute_fa3_") and (dtype, d) != ("bfloat16", 128):
+        pytest.skip(f"{kernel} is a schedule ablation of cute_fa3, built for bf16 head dim 128")
     dt = getattr(torch, dtype)
     q, k, v = make((2, 130, 4, d), dt), make((2, 150, 2, d), dt), make((2, 150, 2, d), dt)
     run_and_check(q, k, v, kernel=kernel, causal=True)

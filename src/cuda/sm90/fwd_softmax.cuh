@@ -52,6 +52,11 @@ struct OnlineSoftmax {
   // rescale[r]: the factor by which row r's O accumulator must be multiplied (the max moved),
   // applied by rescale_o, which the intra-warpgroup overlap defers until the previous tile's
   // P V has completed.
+  // Lazy rescaling: the max a row's P is taken against moves only when the tile's max
+  // exceeds it by more than 2^kLazyLog2 (FlashAttention-4's trick). Below that P stays under
+  // 2^kLazyLog2 = 256, harmless for bf16/fp16 P and for ℓ and O in fp32, and the O rescale,
+  // one FMUL per accumulator, is skipped (rescale = 1) on most tiles.
+  static constexpr float kLazyLog2 = 8.f;
   template <class S>
   __device__ __forceinline__ void update(S& s, float scale_log2, float (&rescale)[kRows]) {
     CUTE_UNROLL
@@ -61,11 +66,16 @@ struct OnlineSoftmax {
       for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      // A row that has seen no key yet keeps P = 0 and O = 0 (not 2^(-inf + inf)).
-      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      rescale[r] = exp2_approx(row_max[r] * scale_log2 - m_scaled);  // 0 at first
-      row_max[r] = m;
-      row_sum[r] *= rescale[r];
+      // The quad agrees on m, so on this branch. A row that has seen no key yet keeps
+      // P = 0 and O = 0 (not 2^(-inf + inf)).
+      rescale[r] = 1.f;
+      if (row_max[r] == -INFINITY || (m - row_max[r]) * scale_log2 > kLazyLog2) {
+        const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+        rescale[r] = exp2_approx(row_max[r] * scale_log2 - m_scaled);  // 0 at first
+        row_max[r] = m;
+        row_sum[r] *= rescale[r];
+      }
+      const float m_scaled = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
         s(r, c) = exp2_approx(s(r, c) * scale_log2 - m_scaled);
@@ -74,9 +84,14 @@ struct OnlineSoftmax {
     }
   }
 
-  // o (rows, cols): the O accumulator, row r multiplied by rescale[r].
+  // o (rows, cols): the O accumulator, row r multiplied by rescale[r]; skipped when no row of
+  // the warp moved its max (the common case under lazy rescaling).
   template <class O>
   __device__ __forceinline__ static void rescale_o(O& o, const float (&rescale)[kRows]) {
+    bool moved = false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) moved |= rescale[r] != 1.f;
+    if (!__any_sync(0xffffffffu, moved)) return;
     CUTE_UNROLL
     for (int r = 0; r < size<0>(o); ++r) {
       CUTE_UNROLL

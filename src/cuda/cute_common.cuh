@@ -1,7 +1,7 @@
 // What the CuTe kernels of both paths share (sm80: cute_fa2, sm90: cute_fa3): the CUTLASS
 // element type of a dtype, exp2 on the special-function unit, fp32 fragments rounded to the
-// input type, the mask applied to a tile of scores, and the forward's one-tile-per-CTA
-// schedule. Each path pulls these into its namespace with using-declarations.
+// input type, the mask applied to a tile of scores, the online softmax (with lazy
+// rescaling) and the forward's one-tile-per-CTA schedule. Each path pulls these into its namespace with using-declarations.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -82,6 +82,93 @@ __device__ __forceinline__ void apply_mask(S& s, C const& coords, const MaskPoli
     }
   }
 }
+
+// ---- the online softmax ---------------------------------------------------------------------
+// The running max m (in raw-score units) and this thread's part of ℓ, for the kRows rows
+// whose accumulators this thread holds. The 4 lanes of a quad hold the same rows (both the
+// m16n8 fragments of sm80 and the wgmma accumulators of sm90), so a row's max and sum are
+// two shuffles away.
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];
+  float row_sum[kRows];
+
+  __device__ __forceinline__ OnlineSoftmax() {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.f;
+    }
+  }
+
+  // s (rows, cols): this tile's scores, replaced by P = 2^(s·scale_log2 - m·scale_log2);
+  // rescale[r]: the factor by which row r's O accumulator must be multiplied (the max moved),
+  // applied by rescale_o, which the intra-warpgroup overlap defers until the previous tile's
+  // P V has completed.
+  // Lazy rescaling (FlashAttention-4's trick): the max a row's P is taken against moves
+  // only when the tile's max exceeds it by more than kLazyLog2 in log2 units. Until then P
+  // stays below 2^kLazyLog2 = 256, harmless for a bf16/fp16 P and for ℓ and O in fp32, and
+  // the O rescale, one FMUL per accumulator, is skipped (rescale = 1) on most tiles.
+  static constexpr float kLazyLog2 = 8.f;
+  template <class S>
+  __device__ __forceinline__ void update(S& s, float scale_log2, float (&rescale)[kRows]) {
+    CUTE_UNROLL
+    for (int r = 0; r < cute::size<0>(s); ++r) {
+      float m = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(s); ++c) m = fmaxf(m, s(r, c));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      // The quad agrees on m, so on this branch. A row that has seen no key yet keeps
+      // P = 0 and O = 0 (not 2^(-inf + inf)).
+      rescale[r] = 1.f;
+      if (row_max[r] == -INFINITY || (m - row_max[r]) * scale_log2 > kLazyLog2) {
+        const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+        rescale[r] = exp2_approx(row_max[r] * scale_log2 - m_scaled);  // 0 at first
+        row_max[r] = m;
+        row_sum[r] *= rescale[r];
+      }
+      const float m_scaled = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(s); ++c) {
+        s(r, c) = exp2_approx(s(r, c) * scale_log2 - m_scaled);
+        row_sum[r] += s(r, c);
+      }
+    }
+  }
+
+  // o (rows, cols): the O accumulator, row r multiplied by rescale[r]; skipped when no row of
+  // the warp moved its max (the common case under lazy rescaling).
+  template <class O>
+  __device__ __forceinline__ static void rescale_o(O& o, const float (&rescale)[kRows]) {
+    bool moved = false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) moved |= rescale[r] != 1.f;
+    if (!__any_sync(0xffffffffu, moved)) return;
+    CUTE_UNROLL
+    for (int r = 0; r < cute::size<0>(o); ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(o); ++c) o(r, c) *= rescale[r];
+    }
+  }
+
+  // Sums ℓ over the quad, divides O by it (times out_scale: dropout's 1/(1 − p)) and
+  // returns each row's LSE (natural log); a row that saw no key gets O = 0 and LSE = -inf.
+  template <class O>
+  __device__ __forceinline__ void finish(O& o, float scale_log2, float out_scale,
+                                         float (&lse)[kRows]) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float l = row_sum[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv_l = l > 0.f ? out_scale / l : 0.f;
+      lse[r] = l > 0.f ? (row_max[r] * scale_log2 + log2f(l)) * kLn2 : -INFINITY;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(o); ++c) o(r, c) *= inv_l;
+    }
+  }
+};
 
 // ---- the forward's tile scheduler ------------------------------------------------------------
 // Which rows a CTA owns: batch entry b, query head h (KV head hk), rows [i0, i0 + rows) of

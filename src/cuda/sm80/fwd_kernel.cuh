@@ -39,6 +39,7 @@ using cuda::exp2_approx;
 using cuda::FwdBlock;
 using cuda::kLn2;
 using cuda::kLog2e;
+using cuda::OnlineSoftmax;
 using cuda::round_to;
 
 // ---- fragment views ------------------------------------------------------------------------
@@ -119,64 +120,7 @@ __device__ __forceinline__ void gemm_rs(TiledMma const& mma, Acc& acc, RA const&
 // (cuda/cute_common.cuh), shared with the Hopper forward.
 
 // ---- softmax -----------------------------------------------------------------------------
-// The running max m (in raw-score units) and this thread's part of ℓ, for the kRows rows
-// whose fragments this thread holds. The 4 lanes of a quad hold the same rows.
-template <int kRows>
-struct OnlineSoftmax {
-  float row_max[kRows];
-  float row_sum[kRows];
-
-  __device__ __forceinline__ OnlineSoftmax() {
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      row_max[r] = -INFINITY;
-      row_sum[r] = 0.f;
-    }
-  }
-
-  // s (rows, cols): this tile's scores, replaced by P = 2^(s·scale_log2 - m·scale_log2);
-  // o (rows, cols): the O accumulator, rescaled when the max moves.
-  template <class S, class O>
-  __device__ __forceinline__ void update(S& s, O& o, float scale_log2) {
-    CUTE_UNROLL
-    for (int r = 0; r < size<0>(s); ++r) {
-      float m = row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      // A row that has seen no key yet keeps P = 0 and O = 0 (not 2^(-inf + inf)).
-      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      const float rescale = exp2_approx(row_max[r] * scale_log2 - m_scaled);  // 0 at first
-      row_max[r] = m;
-      row_sum[r] *= rescale;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= rescale;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) {
-        s(r, c) = exp2_approx(s(r, c) * scale_log2 - m_scaled);
-        row_sum[r] += s(r, c);
-      }
-    }
-  }
-
-  // Sums ℓ over the quad, divides O by it (times out_scale: dropout's 1/(1 − p)) and
-  // returns each row's LSE (natural log); a row that saw no key gets O = 0 and LSE = -inf.
-  template <class O>
-  __device__ __forceinline__ void finish(O& o, float scale_log2, float out_scale,
-                                         float (&lse)[kRows]) {
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      float l = row_sum[r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv_l = l > 0.f ? out_scale / l : 0.f;
-      lse[r] = l > 0.f ? (row_max[r] * scale_log2 + log2f(l)) * kLn2 : -INFINITY;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inv_l;
-    }
-  }
-};
+// cuda::OnlineSoftmax (cuda/cute_common.cuh), shared with the Hopper forward.
 
 // Zeroes the probabilities dropout drops (common/dropout.h); ℓ has already summed them, so
 // O = (P ∘ M) V / ℓ and the epilogue's 1/(1 − p) complete the definition. acc (MMA, MMA_M,
@@ -351,7 +295,9 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     }
 
     Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
-    softmax.update(s, o, scale_log2);
+    float rescale[kRows];
+    softmax.update(s, scale_log2, rescale);
+    OnlineSoftmax<kRows>::rescale_o(o, rescale);
     if constexpr (kDropout) apply_dropout(acc_s, tScS, p.dropout, bh, blk.i0, j0);
 
     // P stays in registers: rounded to Element, S's accumulator is P V's A operand.

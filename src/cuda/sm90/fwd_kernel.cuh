@@ -193,7 +193,7 @@ __device__ __forceinline__ void consume(const FwdParams& p, const FwdBlock& blk,
   }
 
   float lse[kRows];
-  softmax.finish(o, scale_log2, lse);
+  softmax.finish(o, scale_log2, 1.f, lse);
   store_output<Tr>(p, blk, ss, acc_o, lse, ctid);
 }
 

@@ -139,12 +139,18 @@ struct FwdTraits {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
 
-// The tile shapes per head dim. kBlockM is 128 (two consumer warpgroups of 64 rows).
-//   hdim  BLK_N  stages  smem (Q + K ring + V ring)    per-thread accumulators (S + O)
-//     64    128       2    16 + 32 + 32  =  80 KiB       64 + 32
-//    128    128       2    32 + 64 + 64  = 160 KiB       64 + 64
-//    256     64       2    64 + 64 + 64  = 192 KiB       32 + 128
-// At hdim 256, O's 128 accumulators a thread leave room for a 64-key S only.
+// The tile shapes per head dim. kBlockM = 64 per consumer warpgroup.
+//   hdim  BLK_M × BLK_N  consumers  stages  smem (Q + K ring + V ring)   S + P + O / thread
+//     64    192 × 128        3          3    24 + 48 + 48  = 120 KiB      64 + 32 + 32
+//    128    128 × 128        2          3    32 + 96 + 96  = 224 KiB      64 + 32 + 64
+//    256    128 ×  64        2          2    64 + 64 + 64  = 192 KiB      32 + 16 + 128
+// Head dim 64 is bound by the softmax more than by its short GEMMs: with three consumer
+// warpgroups two softmaxes overlap each warpgroup's GEMMs (4x4096x32x64 bf16: 481 TFLOP/s
+// against 406 with two), although 160 registers a thread spill 120 bytes (wgmma
+// descriptors, reloaded once per tile).
+// At head dim 256, O's 128 accumulators a thread leave room for a 64-key S only. Wider key
+// tiles at head dim 128 (176, FlashAttention-3's) spill 148 bytes at 240 registers and
+// measured 469 against 677 TFLOP/s.
 template <DType kDtype, int kHeadDim, Schedule kSchedule = Schedule::kFull>
 struct FwdConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
@@ -153,7 +159,7 @@ struct FwdConfig {
   // Three K/V stages where they fit in the 227 KiB a block may use (head dim 256: 192 KiB
   // with two).
   static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
-  static constexpr int kConsumers = 2;
+  static constexpr int kConsumers = kHeadDim == 64 ? 3 : 2;
   static constexpr bool kPingpong = kSchedule == Schedule::kFull || kSchedule == Schedule::kNoOverlap;
   static constexpr bool kOverlap = kSchedule == Schedule::kFull || kSchedule == Schedule::kNoPingpong;
   using Traits = FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, kBlockN, kStages,

@@ -16,7 +16,8 @@
 // the next K's the softmax and P V; every head dim from 64 to 256; dropout, with one Philox
 // call per accumulator fragment (common/dropout.h).
 // Measured on H100 (bf16, batch 4, heads 16, seqlen 4096, head dim 128): 333 TFLOP/s
-// (causal 289), 1.08x fa2_mma (1.03x causal); head dim 64: 318, 1.15x. docs/sm80/fwd.md.
+// (causal 289), 1.08x fa2_mma (1.03x causal); head dim 64: 318, 1.15x. With lazy
+// rescaling (cuda::OnlineSoftmax) 351 (causal 303), 1.02x SDPA flash. docs/sm80/fwd.md.
 #pragma once
 
 #include <cute/tensor.hpp>

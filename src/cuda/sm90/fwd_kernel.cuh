@@ -17,6 +17,9 @@
 // (docs/sm90/fwd.md): pingpong (the two warpgroups take turns on the tensor cores, so one's
 // softmax hides under the other's GEMMs) and the intra-warpgroup overlap (S of the next tile
 // is issued with P V of this one, and its softmax runs while P V is still in flight).
+// Measured on H100 (bf16, 4x4096x16x128, same process): 645 TFLOP/s (causal 555), 1.84x
+// cute_fa2, 0.98x cuDNN; head dim 64 at 16k 1.16x cuDNN. docs/sm90/fwd.md has the sweep
+// and what each technique adds.
 #pragma once
 
 #include <cute/tensor.hpp>

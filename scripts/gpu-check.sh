@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 
 sanitize=1 bench=1 python=1 pybench=1 filter='*Gpu*'
 # The reduced case set the sanitizers run (FLASHLAB_TEST_CASES: name substrings).
-sanitizer_cases='bf16_hdim64_basic,fp16_hdim128_causal,bf16_hdim64_sq_gt_sk_causal_masked_rows,fp16_hdim128_gqa8to1,bf16_hdim128_window_32_8,fp16_hdim64_varlen_zero_lengths,bf16_hdim128_padded_strides,fp32_hdim64_seqlen127,bf16_hdim64_dropout_causal_gqa'
+sanitizer_cases='bf16_hdim64_basic,fp16_hdim128_causal,bf16_hdim64_sq_gt_sk_causal_masked_rows,fp16_hdim128_gqa8to1,bf16_hdim128_window_32_8,fp16_hdim64_varlen_zero_lengths,bf16_hdim128_padded_strides,fp32_hdim64_seqlen127,bf16_hdim64_dropout_causal_gqa,bf16_hdim256,fp16_hdim64_softcap_causal'
 bench_extra=()
 while [ $# -gt 0 ]; do
   case "$1" in

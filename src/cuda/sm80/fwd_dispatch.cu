@@ -8,6 +8,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/cuda_kernels.h"
+#include "cuda/sm80/dispatch_common.h"
 #include "cuda/sm80/fwd_instance.h"
 
 namespace flashlab::sm80 {
@@ -39,25 +40,12 @@ Instance instance_for(const FwdParams& p) {
   }
 }
 
-bool head_dim_supported(int d) { return d == 64 || d == 96 || d == 128 || d == 192 || d == 256; }
-
 std::string supports(const FwdParams& p) {
-  if (p.device != Device::kCUDA) return "runs on CUDA tensors only";
-  if (p.dtype != DType::kF16 && p.dtype != DType::kBF16)
-    return std::string(to_string(p.dtype)) +
-           " is not supported: the m16n8k16 tensor-core MMA takes fp16 or bf16 inputs";
-  if (p.head_dim != p.head_dim_v)
-    return "head_dim (" + std::to_string(p.head_dim) + ") must equal head_dim_v (" +
-           std::to_string(p.head_dim_v) + ")";
-  if (!head_dim_supported(p.head_dim))
-    return "head_dim must be 64, 96, 128, 192 or 256 (the instantiations built), got " +
-           std::to_string(p.head_dim);
+  if (std::string why = refuse_common(p); !why.empty()) return why;
   // The running max is kept in raw-score units and scaled inside the exp2's FMA, which
   // orders scores correctly only for a positive scale (softcap's tanh path scales first).
   if (p.scale < 0.f && p.mask.softcap <= 0.f)
     return "softmax_scale must be >= 0 without softcap, got " + std::to_string(p.scale);
-  if (p.heads_q > 65535) return "heads_q must be <= 65535 (grid y)";
-  if (p.batch > 65535) return "batch must be <= 65535 (grid z)";
   const Instance in = instance_for(p);
   return cuda::device_supports(p.device_index, in.smem_bytes(), in.kernel());
 }

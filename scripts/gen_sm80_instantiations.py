@@ -45,8 +45,10 @@ def files():
             yield OUT_DIR / f"bwd_hdim{hdim}_{dtype}.cu", BWD_TEMPLATE.format(hdim=hdim, dtype=dtype, enum=enum)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(files=files, doc=__doc__):
+    """Writes (or with --check, checks) every (path, text) that files() yields; the sm90
+    generator calls this with its own files()."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only check that the files are current")
     args = ap.parse_args()
     stale = []

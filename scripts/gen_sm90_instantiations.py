@@ -8,7 +8,6 @@
 The head dims and dtypes listed here must match fwd_dispatch.cu's switch and the sources in
 cmake/sm90_kernels.cmake.
 """
-import argparse
 import pathlib
 import sys
 
@@ -48,22 +47,8 @@ def files():
         yield OUT_DIR / f"fwd_hdim128_bf16_{name}.cu", SCHEDULE_TEMPLATE.format(schedule=name, enum=enum)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="only check that the files are current")
-    args = ap.parse_args()
-    stale = []
-    for path, text in files():
-        if path.exists() and path.read_text() == text:
-            continue
-        stale.append(path)
-        if not args.check:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    for path in stale:
-        print(("stale: " if args.check else "wrote: ") + str(path.relative_to(ROOT)))
-    return 1 if args.check and stale else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from gen_sm80_instantiations import main  # the write/check loop, shared
+
+    sys.exit(main(files, __doc__))

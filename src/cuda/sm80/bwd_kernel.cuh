@@ -29,10 +29,13 @@
 #pragma once
 
 #include <cute/tensor.hpp>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cutlass/numeric_conversion.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/params.h"
 #include "cuda/common.cuh"
@@ -82,58 +85,138 @@ __device__ __forceinline__ int64_t bwd_ws_row(const BwdParams& p, const cuda::Se
 constexpr int kRowKernelThreads = 256;  // preprocess and postprocess: one warp per row
 constexpr int kRowKernelWarps = kRowKernelThreads / 32;
 
+// The row kernels move 16 bytes per lane: a row of D elements is D/8 chunks of dO, O and dQ
+// (8 to 32: one warp covers a row), and D/4 float4 of the accumulator. Every CUDA tensor's
+// base and strides are multiples of 16 bytes (api.cpp), so the chunks are aligned.
+template <class Element, int kHeadDim>
+struct RowChunks {
+  static constexpr int kElems = 16 / int(sizeof(Element));  // elements per chunk
+  static constexpr int kChunks = kHeadDim / kElems;          // chunks per row
+  static_assert(kHeadDim % kElems == 0 && kChunks <= 32, "a warp covers a row in chunks");
+};
+
+// acc + Σ a[e]·b[e] over the 8 16-bit elements of two chunks.
+template <class Element>
+__device__ __forceinline__ float dot_chunk(const uint4& a, const uint4& b, float acc) {
+  using Pair = std::conditional_t<std::is_same_v<Element, cutlass::half_t>, __half2, __nv_bfloat162>;
+  const Pair* x = reinterpret_cast<const Pair*>(&a);
+  const Pair* y = reinterpret_cast<const Pair*>(&b);
+  CUTE_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    float2 fx, fy;
+    if constexpr (std::is_same_v<Element, cutlass::half_t>) {
+      fx = __half22float2(x[i]);
+      fy = __half22float2(y[i]);
+    } else {
+      fx = __bfloat1622float2(x[i]);
+      fy = __bfloat1622float2(y[i]);
+    }
+    acc = fmaf(fx.x, fy.x, fmaf(fx.y, fy.y, acc));
+  }
+  return acc;
+}
+
 // ---- preprocess --------------------------------------------------------------------------
 // grid (ceil(seqlen_q / kBlockM), heads_q, batch): one CTA per query block of the main
-// kernel, so it also resets that block's deterministic turn counter.
+// kernel, so it also resets that block's deterministic turn counter. Each warp takes rows
+// warp, warp + 8, ...
 template <class Tr>
 __global__ void __launch_bounds__(kRowKernelThreads)
     bwd_preprocess_kernel(const __grid_constant__ BwdParams p, const BwdWorkspace ws) {
   using Element = typename Tr::Element;
+  using Chunks = RowChunks<Element, Tr::kHeadDim>;
+  constexpr int kRows = Tr::kBlockM / kRowKernelWarps;  // rows per warp
+  static_assert(Tr::kBlockM % kRowKernelWarps == 0, "the warps share the rows evenly");
   const int m_block = int(blockIdx.x), h = int(blockIdx.y), b = int(blockIdx.z);
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   if (ws.dq_turn != nullptr && threadIdx.x == 0)
     ws.dq_turn[(int64_t(b) * p.heads_q + h) * gridDim.x + m_block] = 0;
   const cuda::SeqInfo seq = cuda::seq_info(p, b);
   const int64_t ws_row0 = bwd_ws_row(p, seq, b, h);
-  for (int r = warp; r < Tr::kBlockM; r += kRowKernelWarps) {
-    const int i = m_block * Tr::kBlockM + r;
-    if (i >= seq.len_q) break;  // warp-uniform; no block barrier below
-    const int64_t row = seq.start_q + i;
-    const Element* o = static_cast<const Element*>(p.out) + b * p.o_batch_stride +
-                       row * p.o_row_stride + h * p.o_head_stride;
-    const Element* dout = static_cast<const Element*>(p.dout) + b * p.do_batch_stride +
-                          row * p.do_row_stride + h * p.do_head_stride;
-    float acc = 0.f;
-    for (int d = lane; d < Tr::kHeadDim; d += 32) acc = fmaf(float(dout[d]), float(o[d]), acc);
+  const bool chunk_lane = lane < Chunks::kChunks;
+  // Rows in batches of up to 8 per warp: a batch's loads are all issued before any is used.
+  constexpr int kBatch = kRows < 8 ? kRows : 8;
+  static_assert(kRows % kBatch == 0, "whole batches");
+  for (int r0 = 0; r0 < kRows; r0 += kBatch) {
+    auto row_of = [&](int r) { return m_block * Tr::kBlockM + warp + (r0 + r) * kRowKernelWarps; };
+    uint4 dout_c[kBatch], o_c[kBatch];  // this lane's chunk of each row
     CUTE_UNROLL
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) {
-      const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row];
-      ws.dsum[ws_row0 + i] = acc;
-      ws.lse_log2[ws_row0 + i] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    for (int r = 0; r < kBatch; ++r) {
+      const int i = row_of(r);
+      if (i < seq.len_q && chunk_lane) {
+        const int64_t row = seq.start_q + i;
+        const char* o = static_cast<const char*>(p.out) +
+                        (b * p.o_batch_stride + row * p.o_row_stride + h * p.o_head_stride) *
+                            int64_t(sizeof(Element));
+        const char* dout = static_cast<const char*>(p.dout) +
+                           (b * p.do_batch_stride + row * p.do_row_stride + h * p.do_head_stride) *
+                               int64_t(sizeof(Element));
+        o_c[r] = reinterpret_cast<const uint4*>(o)[lane];
+        dout_c[r] = reinterpret_cast<const uint4*>(dout)[lane];
+      } else {
+        o_c[r] = dout_c[r] = make_uint4(0, 0, 0, 0);
+      }
     }
-    float4* dq = reinterpret_cast<float4*>(ws.dq_accum + (ws_row0 + i) * Tr::kHeadDim);
-    for (int d = lane; d < Tr::kHeadDim / 4; d += 32) dq[d] = make_float4(0.f, 0.f, 0.f, 0.f);
+    CUTE_UNROLL
+    for (int r = 0; r < kBatch; ++r) {
+      const int i = row_of(r);
+      if (i >= seq.len_q) break;  // warp-uniform; no block barrier below
+      float acc = dot_chunk<Element>(dout_c[r], o_c[r], 0.f);
+      CUTE_UNROLL
+      for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+      if (lane == 0) {
+        const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.start_q + i];
+        ws.dsum[ws_row0 + i] = acc;
+        ws.lse_log2[ws_row0 + i] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      }
+      float4* dq = reinterpret_cast<float4*>(ws.dq_accum + (ws_row0 + i) * Tr::kHeadDim);
+      CUTE_UNROLL
+      for (int d = lane; d < Tr::kHeadDim / 4; d += 32) dq[d] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
 }
 
 // ---- postprocess -------------------------------------------------------------------------
-// grid (ceil(seqlen_q / kBlockM), heads_q, batch): dQ accumulator → p.dq in the dtype.
+// grid (ceil(seqlen_q / kBlockM), heads_q, batch): dQ accumulator → p.dq in the dtype, a
+// 16-byte chunk of the output (two float4 of the accumulator) per lane.
 template <class Tr>
 __global__ void __launch_bounds__(kRowKernelThreads)
     bwd_postprocess_kernel(const __grid_constant__ BwdParams p, const BwdWorkspace ws) {
   using Element = typename Tr::Element;
+  using Chunks = RowChunks<Element, Tr::kHeadDim>;
+  constexpr int kRows = Tr::kBlockM / kRowKernelWarps;
   const int m_block = int(blockIdx.x), h = int(blockIdx.y), b = int(blockIdx.z);
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  if (lane >= Chunks::kChunks) return;  // no barrier below
   const cuda::SeqInfo seq = cuda::seq_info(p, b);
   const int64_t ws_row0 = bwd_ws_row(p, seq, b, h);
-  for (int r = warp; r < Tr::kBlockM; r += kRowKernelWarps) {
-    const int i = m_block * Tr::kBlockM + r;
-    if (i >= seq.len_q) break;
-    const float* src = ws.dq_accum + (ws_row0 + i) * Tr::kHeadDim;
-    Element* dst = static_cast<Element*>(p.dq) + b * p.dq_batch_stride +
-                   (seq.start_q + i) * p.dq_row_stride + h * p.dq_head_stride;
-    for (int d = lane; d < Tr::kHeadDim; d += 32) dst[d] = Element(src[d]);
+  constexpr int kBatch = kRows < 8 ? kRows : 8;  // rows per warp whose loads are in flight
+  for (int r0 = 0; r0 < kRows; r0 += kBatch) {
+    auto row_of = [&](int r) { return m_block * Tr::kBlockM + warp + (r0 + r) * kRowKernelWarps; };
+    float4 acc[kBatch][2];
+    CUTE_UNROLL
+    for (int r = 0; r < kBatch; ++r) {
+      const int i = row_of(r);
+      if (i < seq.len_q) {
+        const float4* src =
+            reinterpret_cast<const float4*>(ws.dq_accum + (ws_row0 + i) * Tr::kHeadDim);
+        acc[r][0] = src[2 * lane];
+        acc[r][1] = src[2 * lane + 1];
+      }
+    }
+    CUTE_UNROLL
+    for (int r = 0; r < kBatch; ++r) {
+      const int i = row_of(r);
+      if (i >= seq.len_q) break;
+      alignas(16) Element out[8] = {Element(acc[r][0].x), Element(acc[r][0].y), Element(acc[r][0].z),
+                                    Element(acc[r][0].w), Element(acc[r][1].x), Element(acc[r][1].y),
+                                    Element(acc[r][1].z), Element(acc[r][1].w)};
+      char* dst = static_cast<char*>(p.dq) + (b * p.dq_batch_stride +
+                                              (seq.start_q + i) * p.dq_row_stride +
+                                              h * p.dq_head_stride) *
+                                                 int64_t(sizeof(Element));
+      reinterpret_cast<uint4*>(dst)[lane] = *reinterpret_cast<const uint4*>(out);
+    }
   }
 }
 
@@ -236,14 +319,15 @@ __device__ __forceinline__ void add_release(int* ptr, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
 }
 
-// dst[0] += a, dst[1] += b in global memory (dst 8-byte aligned): one vector reduction
-// on sm_90, two scalar ones before.
+// dst[0] += a, dst[1] += b in global memory (dst 8-byte aligned): one vector reduction on
+// sm_90, two scalar ones before. Written as `red` in PTX: atomicAdd on a float2 compiles to an
+// ATOMG whose (unused) result the warp still waits for, a long-scoreboard stall per add.
 __device__ __forceinline__ void add_pair(float* dst, float a, float b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
 #else
-  atomicAdd(dst, a);
-  atomicAdd(dst + 1, b);
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(dst), "f"(a) : "memory");
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(dst + 1), "f"(b) : "memory");
 #endif
 }
 

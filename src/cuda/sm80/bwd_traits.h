@@ -129,7 +129,7 @@ struct BwdTraits {
 // Registers per thread: dK + dV hold 2·BLK_N·D/256 floats, S + dP 2·BLK_M·BLK_N/256,
 // dQ (live only after S and dP are dead) BLK_M·D/256.
 //   hdim  BLK_M × BLK_N  dK+dV  S+dP  dQ  Q/dO stages  smem     warps (S/dP, dK/dV, dQ)
-//     64    64 × 128       64    64   16       2        96 KiB   2×4, 4×2, 4×2
+//     64   128 × 128       64   128   32       2       160 KiB   4×2, 4×2, 4×2
 //     96    64 × 64        48    32   24       2        88 KiB   4×2, 4×2, 4×2
 //    128    64 × 128      128    64   32       2       160 KiB   2×4, 4×2, 2×4
 //    192    64 × 64        96    32   48       2       160 KiB   4×2, 2×4, 2×4
@@ -145,12 +145,13 @@ struct BwdConfig {
                     kHeadDim == 256,
                 "no tile shape for this head dim");
   static constexpr bool kWideN = kHeadDim == 64 || kHeadDim == 128;
+  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;
   static constexpr int kBlockN = kWideN ? 128 : 64;
-  static constexpr int kWarpsMSdP = kWideN ? 2 : 4;
+  static constexpr int kWarpsMSdP = kHeadDim == 128 ? 2 : 4;
   static constexpr int kWarpsNdKV = kWideN || kHeadDim == 96 ? 4 : 2;
   static constexpr int kWarpsMdQ = kHeadDim <= 96 ? 4 : 2;
   static constexpr int kStagesQdO = kHeadDim == 256 ? 1 : 2;
-  using Traits = BwdTraits<typename ElementFor<kDtype>::type, kHeadDim, 64, kBlockN, 8,
+  using Traits = BwdTraits<typename ElementFor<kDtype>::type, kHeadDim, kBlockM, kBlockN, 8,
                            kWarpsMSdP, kWarpsNdKV, kWarpsMdQ, kStagesQdO>;
 };
 

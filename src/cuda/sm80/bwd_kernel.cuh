@@ -321,13 +321,15 @@ __device__ __forceinline__ void add_release(int* ptr, int v) {
 
 // dst[0] += a, dst[1] += b in global memory (dst 8-byte aligned): one vector reduction on
 // sm_90, two scalar ones before. Written as `red` in PTX: atomicAdd on a float2 compiles to an
-// ATOMG whose (unused) result the warp still waits for, a long-scoreboard stall per add.
+// ATOMG whose (unused) result the warp still waits for, a long-scoreboard stall per add. No
+// "memory" clobber: nothing in the kernel reads dQ back, and the deterministic mode's fence
+// and barrier order the adds before its turn is passed on.
 __device__ __forceinline__ void add_pair(float* dst, float a, float b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b));
 #else
-  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(dst), "f"(a) : "memory");
-  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(dst + 1), "f"(b) : "memory");
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(dst), "f"(a));
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(dst + 1), "f"(b));
 #endif
 }
 
@@ -635,20 +637,30 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
           }
         __syncthreads();
       }
-      float* dq_rows = ws.dq_accum + (ws_row0 + i0) * kHeadDim;
-      CUTE_UNROLL
-      for (int m_ = 0; m_ < size<1>(acc_dq); ++m_) {
+      // The block's rows of the accumulator: static strides, so that each add is this
+      // thread's base address plus a constant.
+      Tensor gdQacc = make_tensor(make_gmem_ptr(ws.dq_accum + (ws_row0 + i0) * kHeadDim),
+                                  Shape<BlkM, HeadDim>{}, Stride<HeadDim, _1>{});  // (BLK_M, D) fp32
+      Tensor tdQgdQ = thr_dq.partition_C(gdQacc);  // (MMA, MMA_M, MMA_D)
+      // Rows past the end are skipped; a whole block needs no check.
+      auto add_dq = [&](auto checked) {
         CUTE_UNROLL
-        for (int d_ = 0; d_ < size<2>(acc_dq); ++d_) {
+        for (int m_ = 0; m_ < size<1>(acc_dq); ++m_) {
           CUTE_UNROLL
-          for (int half = 0; half < 2; ++half) {  // values (2·half, 2·half + 1): one row, two columns
-            const auto rc = tdQcdQ(2 * half, m_, d_);
-            if (get<0>(rc) < rows)
-              add_pair(dq_rows + get<0>(rc) * kHeadDim + get<1>(rc), acc_dq(2 * half, m_, d_),
-                       acc_dq(2 * half + 1, m_, d_));
+          for (int d_ = 0; d_ < size<2>(acc_dq); ++d_) {
+            CUTE_UNROLL
+            for (int half = 0; half < 2; ++half) {  // values (2·half, 2·half + 1): one row, two columns
+              if (!decltype(checked)::value || get<0>(tdQcdQ(2 * half, m_, d_)) < rows)
+                add_pair(&tdQgdQ(2 * half, m_, d_), acc_dq(2 * half, m_, d_),
+                         acc_dq(2 * half + 1, m_, d_));
+            }
           }
         }
-      }
+      };
+      if (rows == kBlockM)
+        add_dq(cute::false_type{});
+      else
+        add_dq(cute::true_type{});
       if (p.deterministic) {
         __threadfence();
         __syncthreads();  // every thread's adds are done (and visible) ...

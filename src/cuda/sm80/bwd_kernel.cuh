@@ -24,8 +24,8 @@
 // (transposed for the products that reduce over rows or keys), Q/dO double-buffered so that
 // the next block's cp.async loads land during this one's products, key blocks of 128 at head
 // dims 64 and 128, head dims to 256, dropout, and the deterministic mode.
-// Measured on H100 (bf16, 4x16x4096x128): 233 TFLOP/s (causal 203), 8.9x fa2_simt_bwd,
-// 0.75x SDPA's FlashAttention-2 backward. docs/sm80/bwd.md.
+// Measured on H100 (bf16, B·S = 16k tokens, hidden 2048, same process): 0.75–0.97x SDPA's
+// FlashAttention-2 backward (head dim 128, 8k: 285 against 294 TFLOP/s). docs/sm80/bwd.md.
 #pragma once
 
 #include <cute/tensor.hpp>

@@ -50,7 +50,7 @@ std::string supports(const BwdParams& p) {
 }
 
 // fp32 dQ accumulator, D and LSE·log2 e per query row and head, and in deterministic mode a
-// turn counter per (batch, head, block of 64 query rows): O(seqlen), see bwd_kernel.cuh.
+// turn counter per (batch, head, query block of BLK_M rows): O(seqlen), see bwd_kernel.cuh.
 size_t workspace(const BwdParams& p) { return instance_for(p).workspace_bytes(p); }
 
 Status run(const BwdParams& p) {

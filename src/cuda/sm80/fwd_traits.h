@@ -111,26 +111,32 @@ struct FwdTraits {
   using SmemCopyAtomO = Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>;
 };
 
-// The tile shapes per head dim (forward), one CTA per 128 query rows and a 64-key K/V tile.
-// Up to head dim 128, 4 warps: each owns 32 rows (two 16-row MMA tiles), so every K/V
-// fragment it loads from smem feeds two MMAs, and S (64 floats a thread) plus O (D floats)
-// fit in 255 registers. Past 128, O alone would not: 8 warps of 16 rows each.
-//   hdim   smem (Q + K + V)        warps  CTAs/SM (H100)
-//     64   16 + 8 + 8   = 32 KiB     4      2
-//     96   24 + 12 + 12 = 48 KiB     4      2
-//    128   32 + 16 + 16 = 64 KiB     4      2
-//    192   48 + 24 + 24 = 96 KiB     8      1
-//    256   64 + 32 + 32 = 128 KiB    8      1
-// At hdim 64, 128 keys per tile would double S's accumulators (128 floats a thread) and
-// spill.
+// The tile shapes per head dim (forward), one CTA per kBlockM query rows and a 64-key K/V
+// tile. Up to head dim 128, 128 rows and 4 warps: each owns 32 rows (two 16-row MMA tiles),
+// so every K/V fragment it loads from smem feeds two MMAs, and S (64 floats a thread) plus
+// O (D floats) fit in 255 registers. Past 128, O alone would not: head dim 192 runs 8 warps
+// of 16 rows; head dim 256 runs 64 rows on 4 warps (16 rows each, O 128 floats a thread),
+// so that two CTAs share an SM and one's prologue and epilogue hide under the other's
+// mainloop (FA2's choice on the H100; against 128 rows on 8 warps, one CTA per SM, measured
+// 311 -> 321 TFLOP/s at 8x2048x8x256 and 254 -> 275 causal).
+//   hdim  BLK_M  smem (Q + K + V)        warps  CTAs/SM (H100)
+//     64   128   16 + 8 + 8   = 32 KiB     4      2
+//     96   128   24 + 12 + 12 = 48 KiB     4      2
+//    128   128   32 + 16 + 16 = 64 KiB     4      2
+//    192   128   48 + 24 + 24 = 96 KiB     8      1
+//    256    64   32 + 32 + 32 = 96 KiB     4      2
+// At hdim 64, 128 keys per tile (FA2's) would double S's accumulators (128 floats a
+// thread): it spills 196 bytes and measured no faster (306 against 309 TFLOP/s at
+// 8x2048x32x64, 250 against 261 causal).
 template <DType kDtype, int kHeadDim>
 struct FwdConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 192 ||
                     kHeadDim == 256,
                 "no tile shape for this head dim");
-  static constexpr int kNWarps = kHeadDim <= 128 ? 4 : 8;
-  static constexpr int kMinBlocksPerSm = kHeadDim <= 128 ? 2 : 1;
-  using Traits = FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, 128, 64, kNWarps,
+  static constexpr int kBlockM = kHeadDim == 256 ? 64 : 128;
+  static constexpr int kNWarps = kHeadDim == 192 ? 8 : 4;
+  static constexpr int kMinBlocksPerSm = kHeadDim == 192 ? 1 : 2;
+  using Traits = FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, kBlockM, 64, kNWarps,
                            kMinBlocksPerSm>;
 };
 

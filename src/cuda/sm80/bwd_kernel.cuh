@@ -82,17 +82,26 @@ __device__ __forceinline__ int64_t bwd_ws_row(const BwdParams& p, const cuda::Se
   return int64_t(h) * p.total_q + (p.varlen ? seq.start_q : int64_t(b) * p.seqlen_q);
 }
 
-constexpr int kRowKernelThreads = 256;  // preprocess and postprocess: one warp per row
+constexpr int kRowKernelThreads = 256;  // preprocess and postprocess
 constexpr int kRowKernelWarps = kRowKernelThreads / 32;
 
 // The row kernels move 16 bytes per lane: a row of D elements is D/8 chunks of dO, O and dQ
-// (8 to 32: one warp covers a row), and D/4 float4 of the accumulator. Every CUDA tensor's
-// base and strides are multiples of 16 bytes (api.cpp), so the chunks are aligned.
-template <class Element, int kHeadDim>
+// (8 to 32), and D/4 float4 of the accumulator. A row is read by a group of kLanes lanes (the
+// chunk count rounded up to a power of two, so that a warp holds 32/kLanes whole rows and
+// few lanes idle), and a CTA's kBlockM rows take kPasses passes of its 8 warps. Every CUDA
+// tensor's base and strides are multiples of 16 bytes (api.cpp), so the chunks are aligned.
+template <class Tr>
 struct RowChunks {
-  static constexpr int kElems = 16 / int(sizeof(Element));  // elements per chunk
-  static constexpr int kChunks = kHeadDim / kElems;          // chunks per row
-  static_assert(kHeadDim % kElems == 0 && kChunks <= 32, "a warp covers a row in chunks");
+  static constexpr int kElems = 16 / int(sizeof(typename Tr::Element));  // elements per chunk
+  static constexpr int kChunks = Tr::kHeadDim / kElems;                   // chunks per row
+  static constexpr int kLanes = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+  static constexpr int kRowsPerPass = kRowKernelWarps * (32 / kLanes);
+  static constexpr int kPasses = Tr::kBlockM / kRowsPerPass;
+  static_assert(Tr::kHeadDim % kElems == 0 && kChunks <= 32, "a warp covers a row in chunks");
+  static_assert(Tr::kBlockM % kRowsPerPass == 0, "the passes cover the block's rows evenly");
+  // This thread's row within pass 0, and its chunk of the row (valid when < kChunks).
+  __device__ __forceinline__ static int row(int tid) { return tid / kLanes; }
+  __device__ __forceinline__ static int chunk(int tid) { return tid % kLanes; }
 };
 
 // acc + Σ a[e]·b[e] over the 8 16-bit elements of two chunks.
@@ -118,105 +127,100 @@ __device__ __forceinline__ float dot_chunk(const uint4& a, const uint4& b, float
 
 // ---- preprocess --------------------------------------------------------------------------
 // grid (ceil(seqlen_q / kBlockM), heads_q, batch): one CTA per query block of the main
-// kernel, so it also resets that block's deterministic turn counter. Each warp takes rows
-// warp, warp + 8, ...
+// kernel, so it also resets that block's deterministic turn counter. Every pass's loads are
+// issued before the first is used; the block's accumulator rows, contiguous in the
+// workspace, are zeroed with 16-byte stores by all threads.
 template <class Tr>
 __global__ void __launch_bounds__(kRowKernelThreads)
     bwd_preprocess_kernel(const __grid_constant__ BwdParams p, const BwdWorkspace ws) {
   using Element = typename Tr::Element;
-  using Chunks = RowChunks<Element, Tr::kHeadDim>;
-  constexpr int kRows = Tr::kBlockM / kRowKernelWarps;  // rows per warp
-  static_assert(Tr::kBlockM % kRowKernelWarps == 0, "the warps share the rows evenly");
+  using Chunks = RowChunks<Tr>;
   const int m_block = int(blockIdx.x), h = int(blockIdx.y), b = int(blockIdx.z);
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  if (ws.dq_turn != nullptr && threadIdx.x == 0)
+  const int tid = int(threadIdx.x), c = Chunks::chunk(tid);
+  if (ws.dq_turn != nullptr && tid == 0)
     ws.dq_turn[(int64_t(b) * p.heads_q + h) * gridDim.x + m_block] = 0;
   const cuda::SeqInfo seq = cuda::seq_info(p, b);
-  const int64_t ws_row0 = bwd_ws_row(p, seq, b, h);
-  const bool chunk_lane = lane < Chunks::kChunks;
-  // Rows in batches of up to 8 per warp: a batch's loads are all issued before any is used.
-  constexpr int kBatch = kRows < 8 ? kRows : 8;
-  static_assert(kRows % kBatch == 0, "whole batches");
-  for (int r0 = 0; r0 < kRows; r0 += kBatch) {
-    auto row_of = [&](int r) { return m_block * Tr::kBlockM + warp + (r0 + r) * kRowKernelWarps; };
-    uint4 dout_c[kBatch], o_c[kBatch];  // this lane's chunk of each row
-    CUTE_UNROLL
-    for (int r = 0; r < kBatch; ++r) {
-      const int i = row_of(r);
-      if (i < seq.len_q && chunk_lane) {
-        const int64_t row = seq.start_q + i;
-        const char* o = static_cast<const char*>(p.out) +
-                        (b * p.o_batch_stride + row * p.o_row_stride + h * p.o_head_stride) *
-                            int64_t(sizeof(Element));
-        const char* dout = static_cast<const char*>(p.dout) +
-                           (b * p.do_batch_stride + row * p.do_row_stride + h * p.do_head_stride) *
-                               int64_t(sizeof(Element));
-        o_c[r] = reinterpret_cast<const uint4*>(o)[lane];
-        dout_c[r] = reinterpret_cast<const uint4*>(dout)[lane];
-      } else {
-        o_c[r] = dout_c[r] = make_uint4(0, 0, 0, 0);
-      }
+  const int i0 = m_block * Tr::kBlockM;
+  const int rows = min(Tr::kBlockM, seq.len_q - i0);
+  if (rows <= 0) return;  // varlen: a shorter sequence; no barrier below
+  const int64_t ws_row0 = bwd_ws_row(p, seq, b, h) + i0;
+  const bool chunk_lane = c < Chunks::kChunks;
+  auto row_of = [&](int pass) { return Chunks::row(tid) + pass * Chunks::kRowsPerPass; };
+
+  uint4 dout_c[Chunks::kPasses], o_c[Chunks::kPasses];  // this lane's chunk of each pass's row
+  CUTE_UNROLL
+  for (int pass = 0; pass < Chunks::kPasses; ++pass) {
+    const int r = row_of(pass);
+    if (r < rows && chunk_lane) {
+      const int64_t row = seq.start_q + i0 + r;
+      const char* o = static_cast<const char*>(p.out) +
+                      (b * p.o_batch_stride + row * p.o_row_stride + h * p.o_head_stride) *
+                          int64_t(sizeof(Element));
+      const char* dout = static_cast<const char*>(p.dout) +
+                         (b * p.do_batch_stride + row * p.do_row_stride + h * p.do_head_stride) *
+                             int64_t(sizeof(Element));
+      o_c[pass] = reinterpret_cast<const uint4*>(o)[c];
+      dout_c[pass] = reinterpret_cast<const uint4*>(dout)[c];
+    } else {
+      o_c[pass] = dout_c[pass] = make_uint4(0, 0, 0, 0);
     }
+  }
+  float4* dq = reinterpret_cast<float4*>(ws.dq_accum + ws_row0 * Tr::kHeadDim);
+  for (int e = tid; e < rows * (Tr::kHeadDim / 4); e += kRowKernelThreads)
+    dq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+  CUTE_UNROLL
+  for (int pass = 0; pass < Chunks::kPasses; ++pass) {
+    float acc = dot_chunk<Element>(dout_c[pass], o_c[pass], 0.f);
     CUTE_UNROLL
-    for (int r = 0; r < kBatch; ++r) {
-      const int i = row_of(r);
-      if (i >= seq.len_q) break;  // warp-uniform; no block barrier below
-      float acc = dot_chunk<Element>(dout_c[r], o_c[r], 0.f);
-      CUTE_UNROLL
-      for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-      if (lane == 0) {
-        const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.start_q + i];
-        ws.dsum[ws_row0 + i] = acc;
-        ws.lse_log2[ws_row0 + i] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-      }
-      float4* dq = reinterpret_cast<float4*>(ws.dq_accum + (ws_row0 + i) * Tr::kHeadDim);
-      CUTE_UNROLL
-      for (int d = lane; d < Tr::kHeadDim / 4; d += 32) dq[d] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int off = Chunks::kLanes / 2; off > 0; off >>= 1)
+      acc += __shfl_xor_sync(0xffffffffu, acc, off);  // within the row's lane group
+    const int r = row_of(pass);
+    if (c == 0 && r < rows) {
+      const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.start_q + i0 + r];
+      ws.dsum[ws_row0 + r] = acc;
+      ws.lse_log2[ws_row0 + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
     }
   }
 }
 
 // ---- postprocess -------------------------------------------------------------------------
 // grid (ceil(seqlen_q / kBlockM), heads_q, batch): dQ accumulator → p.dq in the dtype, a
-// 16-byte chunk of the output (two float4 of the accumulator) per lane.
+// 16-byte chunk of the output (two float4 of the accumulator) per lane, every pass's loads
+// in flight before the first store.
 template <class Tr>
 __global__ void __launch_bounds__(kRowKernelThreads)
     bwd_postprocess_kernel(const __grid_constant__ BwdParams p, const BwdWorkspace ws) {
   using Element = typename Tr::Element;
-  using Chunks = RowChunks<Element, Tr::kHeadDim>;
-  constexpr int kRows = Tr::kBlockM / kRowKernelWarps;
+  using Chunks = RowChunks<Tr>;
   const int m_block = int(blockIdx.x), h = int(blockIdx.y), b = int(blockIdx.z);
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  if (lane >= Chunks::kChunks) return;  // no barrier below
+  const int tid = int(threadIdx.x), c = Chunks::chunk(tid);
+  if (c >= Chunks::kChunks) return;  // no barrier below
   const cuda::SeqInfo seq = cuda::seq_info(p, b);
-  const int64_t ws_row0 = bwd_ws_row(p, seq, b, h);
-  constexpr int kBatch = kRows < 8 ? kRows : 8;  // rows per warp whose loads are in flight
-  for (int r0 = 0; r0 < kRows; r0 += kBatch) {
-    auto row_of = [&](int r) { return m_block * Tr::kBlockM + warp + (r0 + r) * kRowKernelWarps; };
-    float4 acc[kBatch][2];
-    CUTE_UNROLL
-    for (int r = 0; r < kBatch; ++r) {
-      const int i = row_of(r);
-      if (i < seq.len_q) {
-        const float4* src =
-            reinterpret_cast<const float4*>(ws.dq_accum + (ws_row0 + i) * Tr::kHeadDim);
-        acc[r][0] = src[2 * lane];
-        acc[r][1] = src[2 * lane + 1];
-      }
+  const int i0 = m_block * Tr::kBlockM;
+  const int rows = min(Tr::kBlockM, seq.len_q - i0);
+  const int64_t ws_row0 = bwd_ws_row(p, seq, b, h) + i0;
+  auto row_of = [&](int pass) { return Chunks::row(tid) + pass * Chunks::kRowsPerPass; };
+  float4 acc[Chunks::kPasses][2];
+  CUTE_UNROLL
+  for (int pass = 0; pass < Chunks::kPasses; ++pass) {
+    const int r = row_of(pass);
+    if (r < rows) {
+      const float4* src = reinterpret_cast<const float4*>(ws.dq_accum + (ws_row0 + r) * Tr::kHeadDim);
+      acc[pass][0] = src[2 * c];
+      acc[pass][1] = src[2 * c + 1];
     }
-    CUTE_UNROLL
-    for (int r = 0; r < kBatch; ++r) {
-      const int i = row_of(r);
-      if (i >= seq.len_q) break;
-      alignas(16) Element out[8] = {Element(acc[r][0].x), Element(acc[r][0].y), Element(acc[r][0].z),
-                                    Element(acc[r][0].w), Element(acc[r][1].x), Element(acc[r][1].y),
-                                    Element(acc[r][1].z), Element(acc[r][1].w)};
-      char* dst = static_cast<char*>(p.dq) + (b * p.dq_batch_stride +
-                                              (seq.start_q + i) * p.dq_row_stride +
-                                              h * p.dq_head_stride) *
-                                                 int64_t(sizeof(Element));
-      reinterpret_cast<uint4*>(dst)[lane] = *reinterpret_cast<const uint4*>(out);
-    }
+  }
+  CUTE_UNROLL
+  for (int pass = 0; pass < Chunks::kPasses; ++pass) {
+    const int r = row_of(pass);
+    if (r >= rows) break;  // rows grow with the pass
+    const float4* a = acc[pass];
+    alignas(16) Element out[8] = {Element(a[0].x), Element(a[0].y), Element(a[0].z), Element(a[0].w),
+                                  Element(a[1].x), Element(a[1].y), Element(a[1].z), Element(a[1].w)};
+    char* dst = static_cast<char*>(p.dq) +
+                (b * p.dq_batch_stride + (seq.start_q + i0 + r) * p.dq_row_stride + h * p.dq_head_stride) *
+                    int64_t(sizeof(Element));
+    reinterpret_cast<uint4*>(dst)[c] = *reinterpret_cast<const uint4*>(out);
   }
 }
 

@@ -24,8 +24,8 @@
 // (transposed for the products that reduce over rows or keys), Q/dO double-buffered so that
 // the next block's cp.async loads land during this one's products, key blocks of 128 at head
 // dims 64 and 128, head dims to 256, dropout, and the deterministic mode.
-// Measured on H100 (bf16, B·S = 16k tokens, hidden 2048, same process): 0.75–0.97x SDPA's
-// FlashAttention-2 backward (head dim 128, 8k: 285 against 294 TFLOP/s). docs/sm80/bwd.md.
+// Measured on H100 (bf16, B·S = 16k tokens, hidden 2048, same process, 2026-11-25): 0.80–0.93x
+// SDPA's FlashAttention-2 backward (head dim 128, 8k: 285 against 306 TFLOP/s). docs/sm80/bwd.md.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -127,9 +127,9 @@ __device__ __forceinline__ float dot_chunk(const uint4& a, const uint4& b, float
 
 // ---- preprocess --------------------------------------------------------------------------
 // grid (ceil(seqlen_q / kBlockM), heads_q, batch): one CTA per query block of the main
-// kernel, so it also resets that block's deterministic turn counter. Every pass's loads are
-// issued before the first is used; the block's accumulator rows, contiguous in the
-// workspace, are zeroed with 16-byte stores by all threads.
+// kernel, so it also resets that block's deterministic turn counter. The block's
+// accumulator rows, contiguous in the workspace, are zeroed with 16-byte stores by all
+// threads; a batch of passes has all its loads in flight before the first is used.
 template <class Tr>
 __global__ void __launch_bounds__(kRowKernelThreads)
     bwd_preprocess_kernel(const __grid_constant__ BwdParams p, const BwdWorkspace ws) {
@@ -147,38 +147,46 @@ __global__ void __launch_bounds__(kRowKernelThreads)
   const bool chunk_lane = c < Chunks::kChunks;
   auto row_of = [&](int pass) { return Chunks::row(tid) + pass * Chunks::kRowsPerPass; };
 
-  uint4 dout_c[Chunks::kPasses], o_c[Chunks::kPasses];  // this lane's chunk of each pass's row
-  CUTE_UNROLL
-  for (int pass = 0; pass < Chunks::kPasses; ++pass) {
-    const int r = row_of(pass);
-    if (r < rows && chunk_lane) {
-      const int64_t row = seq.start_q + i0 + r;
-      const char* o = static_cast<const char*>(p.out) +
-                      (b * p.o_batch_stride + row * p.o_row_stride + h * p.o_head_stride) *
-                          int64_t(sizeof(Element));
-      const char* dout = static_cast<const char*>(p.dout) +
-                         (b * p.do_batch_stride + row * p.do_row_stride + h * p.do_head_stride) *
-                             int64_t(sizeof(Element));
-      o_c[pass] = reinterpret_cast<const uint4*>(o)[c];
-      dout_c[pass] = reinterpret_cast<const uint4*>(dout)[c];
-    } else {
-      o_c[pass] = dout_c[pass] = make_uint4(0, 0, 0, 0);
-    }
-  }
   float4* dq = reinterpret_cast<float4*>(ws.dq_accum + ws_row0 * Tr::kHeadDim);
   for (int e = tid; e < rows * (Tr::kHeadDim / 4); e += kRowKernelThreads)
     dq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+  // Passes in batches of up to 4 whose loads are in flight together (8 would hold 64
+  // registers of chunks and halve the CTAs an SM holds, at head dims 192 and 256).
+  constexpr int kBatch = Chunks::kPasses < 4 ? Chunks::kPasses : 4;
+  static_assert(Chunks::kPasses % kBatch == 0, "whole batches");
   CUTE_UNROLL
-  for (int pass = 0; pass < Chunks::kPasses; ++pass) {
-    float acc = dot_chunk<Element>(dout_c[pass], o_c[pass], 0.f);
+  for (int pass0 = 0; pass0 < Chunks::kPasses; pass0 += kBatch) {
+    uint4 dout_c[kBatch], o_c[kBatch];  // this lane's chunk of each pass's row
     CUTE_UNROLL
-    for (int off = Chunks::kLanes / 2; off > 0; off >>= 1)
-      acc += __shfl_xor_sync(0xffffffffu, acc, off);  // within the row's lane group
-    const int r = row_of(pass);
-    if (c == 0 && r < rows) {
-      const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.start_q + i0 + r];
-      ws.dsum[ws_row0 + r] = acc;
-      ws.lse_log2[ws_row0 + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    for (int i = 0; i < kBatch; ++i) {
+      const int r = row_of(pass0 + i);
+      if (r < rows && chunk_lane) {
+        const int64_t row = seq.start_q + i0 + r;
+        const char* o = static_cast<const char*>(p.out) +
+                        (b * p.o_batch_stride + row * p.o_row_stride + h * p.o_head_stride) *
+                            int64_t(sizeof(Element));
+        const char* dout = static_cast<const char*>(p.dout) +
+                           (b * p.do_batch_stride + row * p.do_row_stride + h * p.do_head_stride) *
+                               int64_t(sizeof(Element));
+        o_c[i] = reinterpret_cast<const uint4*>(o)[c];
+        dout_c[i] = reinterpret_cast<const uint4*>(dout)[c];
+      } else {
+        o_c[i] = dout_c[i] = make_uint4(0, 0, 0, 0);
+      }
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < kBatch; ++i) {
+      float acc = dot_chunk<Element>(dout_c[i], o_c[i], 0.f);
+      CUTE_UNROLL
+      for (int off = Chunks::kLanes / 2; off > 0; off >>= 1)
+        acc += __shfl_xor_sync(0xffffffffu, acc, off);  // within the row's lane group
+      const int r = row_of(pass0 + i);
+      if (c == 0 && r < rows) {
+        const float lse =
+            p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.start_q + i0 + r];
+        ws.dsum[ws_row0 + r] = acc;
+        ws.lse_log2[ws_row0 + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      }
     }
   }
 }

@@ -1,0 +1,73 @@
+"""The peer benchmark's run planning (flashlab.bench.run_entry), with stand-ins for the kernel,
+the checker and the timer: no GPU, no torch needed."""
+
+from __future__ import annotations
+
+import time
+
+from flashlab import bench
+
+
+class _Shape:
+    pass
+
+
+class _PassingChecker:
+    def check(self, outputs):
+        return True, {"out": 0.0}, {"out": 1e-5}
+
+
+class _RecordingTimer:
+    """Stands in for time_cuda/time_cpu: records the plan, returns `iters` samples."""
+
+    def __init__(self):
+        self.warmup = self.iters = None
+
+    def __call__(self, run, nsets, warmup, iters):
+        self.warmup, self.iters = warmup, iters
+        return [1.0] * iters
+
+
+def _entry(first_call_s: float, budget_s: float = 1.0):
+    """run_entry over a kernel whose first call takes first_call_s (one-time work) and
+    every later call about nothing; returns (result, timer, calls before timing)."""
+    calls = []
+
+    def make():
+        def run(i):
+            if not calls:
+                time.sleep(first_call_s)
+            calls.append(i)
+            return {"out": None}
+
+        return run
+
+    timer = _RecordingTimer()
+    plan = bench.Plan(warmup=5, iters=20, budget_s=budget_s)
+    res = bench.run_entry("stand-in", _Shape(), "fwd", make, _PassingChecker(), timer, 2, plan,
+                          lambda: None)
+    return res, timer, len(calls)
+
+
+def test_a_slow_first_call_does_not_plan_the_runs():
+    # The first call of a process's first FlashLab entry loads the library's kernels; it
+    # took longer than the whole budget, and the entry was timed from one cold call.
+    res, timer, calls = _entry(first_call_s=1.5, budget_s=1.0)
+    assert res.status == "ok", res.reason
+    assert calls == 2, "a second call measures what a call costs"
+    assert timer.warmup == 5 and timer.iters == 20
+    assert res.runs == 20
+
+
+def test_a_fast_first_call_plans_the_runs_alone():
+    res, timer, calls = _entry(first_call_s=0.0)
+    assert res.status == "ok", res.reason
+    assert calls == 1, "no extra call when the first was cheap"
+    assert timer.warmup == 5 and timer.iters == 20
+
+
+def test_plan_runs_fits_the_budget():
+    plan = bench.Plan(warmup=5, iters=20, budget_s=3.0)
+    assert bench.plan_runs(plan, 3.5) == (0, 1)  # over budget: one timed call, no warm-up
+    warm, iters = bench.plan_runs(plan, 0.5)  # six calls fit
+    assert iters == 6 and warm == 1

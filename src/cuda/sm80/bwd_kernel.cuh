@@ -48,10 +48,17 @@ namespace flashlab::sm80 {
 using namespace cute;
 
 // ---- workspace ---------------------------------------------------------------------------
-// Row i of (batch b, head h) is packed row h·total_q + seq_start(b) + i of each array, where
-// seq_start(b) is cu_seqlens_q[b] (varlen) or b·seqlen_q.
+// Row i of (batch b, head h) is packed row h·total_q + seq_start(b) + i of dsum and lse_log2,
+// where seq_start(b) is cu_seqlens_q[b] (varlen) or b·seqlen_q.
+//
+// dq_accum is not row-major: each (head, batch entry, query block) owns a contiguous chunk of
+// kBlockM · D floats in the order the main kernel's threads hold dQ (DqChunk below), so that
+// a warp's vector reduction covers 512 contiguous bytes: four cache lines, where a row-major
+// accumulator took eight lines for 256 bytes, and the load/store unit that also serves the
+// ldmatrix reads spent four times the wavefronts on the adds. A sequence's chunks start at
+// padded row seq_start(b) + b · kBlockM, so that its last, ragged block has a whole chunk.
 struct BwdWorkspace {
-  float* dq_accum;  // [heads_q, total_q, D]  dQ in fp32, summed over key blocks
+  float* dq_accum;  // [heads_q, total_q + batch·kBlockM, D]  dQ in fp32 in DqChunk order
   float* dsum;      // [heads_q, total_q]     D_i = rowsum(dO ∘ O)
   float* lse_log2;  // [heads_q, total_q]     LSE·log2 e; +inf for rows that saw no key
   int* dq_turn;     // [batch, heads_q, m_blocks]  deterministic only: key blocks done, else null
@@ -66,9 +73,10 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p, int block_m) 
   constexpr size_t kAlign = 256;
   auto aligned = [](size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
   const size_t rows = size_t(p.heads_q) * size_t(p.total_q);
+  const size_t dq_rows = size_t(p.heads_q) * (size_t(p.total_q) + size_t(p.batch) * block_m);
   const size_t m_blocks = (size_t(p.seqlen_q) + block_m - 1) / block_m;
   BwdWorkspaceLayout l;
-  l.dsum = aligned(rows * size_t(p.head_dim) * sizeof(float));
+  l.dsum = aligned(dq_rows * size_t(p.head_dim) * sizeof(float));
   l.lse_log2 = l.dsum + aligned(rows * sizeof(float));
   l.dq_turn = l.lse_log2 + aligned(rows * sizeof(float));
   l.total = l.dq_turn + (p.deterministic ? aligned(size_t(p.batch) * size_t(p.heads_q) * m_blocks *
@@ -82,11 +90,29 @@ __device__ __forceinline__ int64_t bwd_ws_row(const BwdParams& p, const cuda::Se
   return int64_t(h) * p.total_q + (p.varlen ? seq.start_q : int64_t(b) * p.seqlen_q);
 }
 
-constexpr int kRowKernelThreads = 256;  // preprocess and postprocess
+// The dQ accumulator chunk of (batch b, head h, the query block starting at row i0): the
+// main kernel's thread t holds float4 j of it at chunk + 4 · (j · kNThreads + t), float4 j
+// being values 4j … 4j + 3 of its dQ = dS K accumulator (one m16n8 fragment). Rows past a
+// ragged block's end fall in the chunk's padding, which only the main kernel adds into.
+template <class Tr>
+struct DqChunk {
+  static constexpr int kFloats = Tr::kBlockM * Tr::kHeadDim;
+  static constexpr int kQuadsPerThread = kFloats / (4 * Tr::kNThreads);
+  static_assert(kFloats % (4 * Tr::kNThreads) == 0, "every thread holds whole float4s of dQ");
+  __device__ __forceinline__ static float4* at(const BwdParams& p, const BwdWorkspace& ws,
+                                               const cuda::SeqInfo& seq, int b, int h, int i0) {
+    const int64_t rows_per_head = p.total_q + int64_t(p.batch) * Tr::kBlockM;
+    const int64_t seq_start = p.varlen ? seq.start_q : int64_t(b) * p.seqlen_q;
+    const int64_t row = int64_t(h) * rows_per_head + seq_start + int64_t(b) * Tr::kBlockM + i0;
+    return reinterpret_cast<float4*>(ws.dq_accum + row * Tr::kHeadDim);
+  }
+};
+
+constexpr int kRowKernelThreads = 256;  // preprocess
 constexpr int kRowKernelWarps = kRowKernelThreads / 32;
 
-// The row kernels move 16 bytes per lane: a row of D elements is D/8 chunks of dO, O and dQ
-// (8 to 32), and D/4 float4 of the accumulator. A row is read by a group of kLanes lanes (the
+// The preprocess moves 16 bytes per lane: a row of D elements is D/8 chunks of dO and O
+// (8 to 32). A row is read by a group of kLanes lanes (the
 // chunk count rounded up to a power of two, so that a warp holds 32/kLanes whole rows and
 // few lanes idle), and a CTA's kBlockM rows take kPasses passes of its 8 warps. Every CUDA
 // tensor's base and strides are multiples of 16 bytes (api.cpp), so the chunks are aligned.
@@ -127,9 +153,9 @@ __device__ __forceinline__ float dot_chunk(const uint4& a, const uint4& b, float
 
 // ---- preprocess --------------------------------------------------------------------------
 // grid (ceil(seqlen_q / kBlockM), heads_q, batch): one CTA per query block of the main
-// kernel, so it also resets that block's deterministic turn counter. The block's
-// accumulator rows, contiguous in the workspace, are zeroed with 16-byte stores by all
-// threads; a batch of passes has all its loads in flight before the first is used.
+// kernel, so it also resets that block's deterministic turn counter. The block's dQ
+// accumulator chunk is zeroed with 16-byte stores by all threads; a batch of passes has all
+// its loads in flight before the first is used.
 template <class Tr>
 __global__ void __launch_bounds__(kRowKernelThreads)
     bwd_preprocess_kernel(const __grid_constant__ BwdParams p, const BwdWorkspace ws) {
@@ -147,8 +173,8 @@ __global__ void __launch_bounds__(kRowKernelThreads)
   const bool chunk_lane = c < Chunks::kChunks;
   auto row_of = [&](int pass) { return Chunks::row(tid) + pass * Chunks::kRowsPerPass; };
 
-  float4* dq = reinterpret_cast<float4*>(ws.dq_accum + ws_row0 * Tr::kHeadDim);
-  for (int e = tid; e < rows * (Tr::kHeadDim / 4); e += kRowKernelThreads)
+  float4* dq = DqChunk<Tr>::at(p, ws, seq, b, h, i0);
+  for (int e = tid; e < DqChunk<Tr>::kFloats / 4; e += kRowKernelThreads)
     dq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
   // Passes in batches of up to 4 whose loads are in flight together (8 would hold 64
   // registers of chunks and halve the CTAs an SM holds, at head dims 192 and 256).
@@ -192,44 +218,59 @@ __global__ void __launch_bounds__(kRowKernelThreads)
 }
 
 // ---- postprocess -------------------------------------------------------------------------
-// grid (ceil(seqlen_q / kBlockM), heads_q, batch): dQ accumulator → p.dq in the dtype, a
-// 16-byte chunk of the output (two float4 of the accumulator) per lane, every pass's loads
-// in flight before the first store.
+// grid (ceil(seqlen_q / kBlockM), heads_q, batch), the main kernel's kNThreads threads: thread
+// t reads the float4s it held in the main kernel (DqChunk: 512 contiguous bytes per warp
+// load), rounds them to the dtype in the same dQ fragment layout, and the block leaves
+// through shared memory as 16-byte row stores, rows past the sequence's end skipped.
 template <class Tr>
-__global__ void __launch_bounds__(kRowKernelThreads)
+__global__ void __launch_bounds__(Tr::kNThreads)
     bwd_postprocess_kernel(const __grid_constant__ BwdParams p, const BwdWorkspace ws) {
   using Element = typename Tr::Element;
-  using Chunks = RowChunks<Tr>;
+  using BlkM = typename Tr::BlkM;
+  using HeadDim = typename Tr::HeadDim;
   const int m_block = int(blockIdx.x), h = int(blockIdx.y), b = int(blockIdx.z);
-  const int tid = int(threadIdx.x), c = Chunks::chunk(tid);
-  if (c >= Chunks::kChunks) return;  // no barrier below
+  const int tid = int(threadIdx.x);
   const cuda::SeqInfo seq = cuda::seq_info(p, b);
   const int i0 = m_block * Tr::kBlockM;
   const int rows = min(Tr::kBlockM, seq.len_q - i0);
-  const int64_t ws_row0 = bwd_ws_row(p, seq, b, h) + i0;
-  auto row_of = [&](int pass) { return Chunks::row(tid) + pass * Chunks::kRowsPerPass; };
-  float4 acc[Chunks::kPasses][2];
+  if (rows <= 0) return;  // varlen: a shorter sequence; the whole CTA leaves
+
+  typename Tr::TiledMmadQ mma_dq;
+  Tensor acc = partition_fragment_C(mma_dq, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D) fp32
+  static_assert(decltype(size(acc))::value == 4 * DqChunk<Tr>::kQuadsPerThread,
+                "the postprocess holds what the main kernel's thread held");
+  const float4* src = DqChunk<Tr>::at(p, ws, seq, b, h, i0) + tid;
   CUTE_UNROLL
-  for (int pass = 0; pass < Chunks::kPasses; ++pass) {
-    const int r = row_of(pass);
-    if (r < rows) {
-      const float4* src = reinterpret_cast<const float4*>(ws.dq_accum + (ws_row0 + r) * Tr::kHeadDim);
-      acc[pass][0] = src[2 * c];
-      acc[pass][1] = src[2 * c + 1];
-    }
+  for (int j = 0; j < DqChunk<Tr>::kQuadsPerThread; ++j) {
+    const float4 v = src[j * Tr::kNThreads];
+    acc(4 * j) = v.x;
+    acc(4 * j + 1) = v.y;
+    acc(4 * j + 2) = v.z;
+    acc(4 * j + 3) = v.w;
   }
+  Tensor rdQ = round_to<Element>(acc);  // (MMA, MMA_M, MMA_D)
+
+  __shared__ __align__(128) Element smem_dq[cosize_v<typename Tr::SmemLayoutQdO>];
+  Tensor sdQ = make_tensor(make_smem_ptr(smem_dq), typename Tr::SmemLayoutQdO{});  // (BLK_M, D)
+  auto smem_copy = make_tiled_copy_C(typename Tr::SmemCopyAtomC{}, mma_dq);
+  auto smem_thr = smem_copy.get_thread_slice(tid);
+  copy(smem_copy, smem_thr.retile_S(rdQ), smem_thr.partition_D(sdQ));
+  __syncthreads();
+
+  Tensor gdQ = make_tensor(
+      make_gmem_ptr(static_cast<Element*>(p.dq) + b * p.dq_batch_stride +
+                    (seq.start_q + i0) * p.dq_row_stride + h * p.dq_head_stride),
+      Shape<BlkM, HeadDim>{}, make_stride(p.dq_row_stride, _1{}));  // (BLK_M, D)
+  typename Tr::GmemTiledCopydKV gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  Tensor tdQsdQ = gmem_thr.partition_S(sdQ);  // (CPY, CPY_M, CPY_D)
+  Tensor tdQgdQ = gmem_thr.partition_D(gdQ);  // (CPY, CPY_M, CPY_D)
+  Tensor tdQcdQ = gmem_thr.partition_D(make_identity_tensor(Shape<BlkM, HeadDim>{}));
+  Tensor staged = make_tensor<Element>(shape(tdQgdQ));
+  copy(gmem_copy, tdQsdQ, staged);
   CUTE_UNROLL
-  for (int pass = 0; pass < Chunks::kPasses; ++pass) {
-    const int r = row_of(pass);
-    if (r >= rows) break;  // rows grow with the pass
-    const float4* a = acc[pass];
-    alignas(16) Element out[8] = {Element(a[0].x), Element(a[0].y), Element(a[0].z), Element(a[0].w),
-                                  Element(a[1].x), Element(a[1].y), Element(a[1].z), Element(a[1].w)};
-    char* dst = static_cast<char*>(p.dq) +
-                (b * p.dq_batch_stride + (seq.start_q + i0 + r) * p.dq_row_stride + h * p.dq_head_stride) *
-                    int64_t(sizeof(Element));
-    reinterpret_cast<uint4*>(dst)[c] = *reinterpret_cast<const uint4*>(out);
-  }
+  for (int m = 0; m < size<1>(tdQgdQ); ++m)
+    if (get<0>(tdQcdQ(0, m, 0)) < rows) copy(gmem_copy, staged(_, m, _), tdQgdQ(_, m, _));
 }
 
 // ---- scheduler ---------------------------------------------------------------------------
@@ -331,17 +372,21 @@ __device__ __forceinline__ void add_release(int* ptr, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
 }
 
-// dst[0] += a, dst[1] += b in global memory (dst 8-byte aligned): one vector reduction on
-// sm_90, two scalar ones before. Written as `red` in PTX: atomicAdd on a float2 compiles to an
-// ATOMG whose (unused) result the warp still waits for, a long-scoreboard stall per add. No
-// "memory" clobber: nothing in the kernel reads dQ back, and the deterministic mode's fence
-// and barrier order the adds before its turn is passed on.
-__device__ __forceinline__ void add_pair(float* dst, float a, float b) {
+// *dst += (a, b, c, d) in global memory (dst 16-byte aligned): one vector reduction on
+// sm_90, four scalar ones before. Written as `red` in PTX: atomicAdd on a vector compiles to
+// an ATOMG whose (unused) result the warp still waits for, a long-scoreboard stall per add.
+// No "memory" clobber: nothing in the kernel reads dQ back, and the deterministic mode's
+// fence and barrier order the adds before its turn is passed on.
+__device__ __forceinline__ void add_quad(float4* dst, float a, float b, float c, float d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b));
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(a), "f"(b),
+               "f"(c), "f"(d));
 #else
-  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(dst), "f"(a));
-  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(dst + 1), "f"(b));
+  float* f = reinterpret_cast<float*>(dst);
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(f), "f"(a));
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(f + 1), "f"(b));
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(f + 2), "f"(c));
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(f + 3), "f"(d));
 #endif
 }
 
@@ -356,7 +401,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   using BlkM = typename Tr::BlkM;
   using BlkN = typename Tr::BlkN;
   using HeadDim = typename Tr::HeadDim;
-  constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kHeadDim = Tr::kHeadDim;
+  constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN;
 
   const BwdBlock blk = schedule_bwd<Tr>(p);
   if (blk.keys <= 0) return;  // varlen: this sequence has fewer keys than the grid
@@ -506,7 +551,6 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   auto copy_dq_b = make_tiled_copy_B(typename Tr::SmemCopyAtomT{}, mma_dq);
   Tensor tdQsdS = copy_dq_a.get_thread_slice(tid).partition_S(sdS);  // (CPY, CPY_M, CPY_N)
   Tensor tdQsKt = copy_dq_b.get_thread_slice(tid).partition_S(sKt);  // (CPY, CPY_D, CPY_N)
-  Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(Shape<BlkM, HeadDim>{}));  // (MMA, MMA_M, MMA_D)
 
   constexpr int kRowsS = decltype(size<0>(acc_rowcol(tScS.layout())))::value;
   // Softcap: logit = cap·tanh(s·scale / cap); P's exponent is tanh(·) scaled by cap·log2 e.
@@ -649,30 +693,13 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
           }
         __syncthreads();
       }
-      // The block's rows of the accumulator: static strides, so that each add is this
-      // thread's base address plus a constant.
-      Tensor gdQacc = make_tensor(make_gmem_ptr(ws.dq_accum + (ws_row0 + i0) * kHeadDim),
-                                  Shape<BlkM, HeadDim>{}, Stride<HeadDim, _1>{});  // (BLK_M, D) fp32
-      Tensor tdQgdQ = thr_dq.partition_C(gdQacc);  // (MMA, MMA_M, MMA_D)
-      // Rows past the end are skipped; a whole block needs no check.
-      auto add_dq = [&](auto checked) {
-        CUTE_UNROLL
-        for (int m_ = 0; m_ < size<1>(acc_dq); ++m_) {
-          CUTE_UNROLL
-          for (int d_ = 0; d_ < size<2>(acc_dq); ++d_) {
-            CUTE_UNROLL
-            for (int half = 0; half < 2; ++half) {  // values (2·half, 2·half + 1): one row, two columns
-              if (!decltype(checked)::value || get<0>(tdQcdQ(2 * half, m_, d_)) < rows)
-                add_pair(&tdQgdQ(2 * half, m_, d_), acc_dq(2 * half, m_, d_),
-                         acc_dq(2 * half + 1, m_, d_));
-            }
-          }
-        }
-      };
-      if (rows == kBlockM)
-        add_dq(cute::false_type{});
-      else
-        add_dq(cute::true_type{});
+      // This thread's float4s of the block's accumulator chunk: a base address and constant
+      // offsets. A ragged block's rows past the end add into the chunk's padding.
+      float4* dq_chunk = DqChunk<Tr>::at(p, ws, blk.seq, blk.b, h, i0) + tid;
+      CUTE_UNROLL
+      for (int j = 0; j < DqChunk<Tr>::kQuadsPerThread; ++j)
+        add_quad(dq_chunk + j * Tr::kNThreads, acc_dq(4 * j), acc_dq(4 * j + 1),
+                 acc_dq(4 * j + 2), acc_dq(4 * j + 3));
       if (p.deterministic) {
         __threadfence();
         __syncthreads();  // every thread's adds are done (and visible) ...
@@ -728,7 +755,7 @@ Status launch_bwd(const BwdParams& p, const BwdWorkspace& ws) {
     FL_CUDA_CHECK_LAUNCH();
   }
   if (p.seqlen_q > 0) {
-    bwd_postprocess_kernel<Tr><<<row_grid, kRowKernelThreads, 0, stream>>>(p, ws);
+    bwd_postprocess_kernel<Tr><<<row_grid, Tr::kNThreads, 0, stream>>>(p, ws);
     FL_CUDA_CHECK_LAUNCH();
   }
   return {};

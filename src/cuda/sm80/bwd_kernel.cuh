@@ -16,8 +16,9 @@
 // counter per (batch, head, query block), so the sums are bitwise reproducible.
 //
 // Scales: S is scaled into log2 units inside the exp2's FMA against LSE·log2 e, as in the
-// forward; dS carries the softmax scale (and softcap's d logit), so dK = dSᵀ Q and dQ = dS K
-// need none. Dropout regenerates the forward's Philox mask per m16n8 fragment (one call
+// forward; dS carries softcap's d logit but not the softmax scale, which dK takes once in
+// the epilogue and dQ in the postprocess (one multiply per element of dK and dQ instead of
+// one per score): dK = scale · dSᵀ Q, dQ = scale · dS K. Dropout regenerates the forward's Philox mask per m16n8 fragment (one call
 // each, common/dropout.h): dV sees P ∘ M / (1 − p), dS = P ∘ (dP ∘ M / (1 − p) − D).
 //
 // What it adds over fa2_simt_bwd: the five products on m16n8k16 tensor cores with ldmatrix
@@ -220,7 +221,8 @@ __global__ void __launch_bounds__(kRowKernelThreads)
 // ---- postprocess -------------------------------------------------------------------------
 // grid (ceil(seqlen_q / kBlockM), heads_q, batch), the main kernel's kNThreads threads: thread
 // t reads the float4s it held in the main kernel (DqChunk: 512 contiguous bytes per warp
-// load), rounds them to the dtype in the same dQ fragment layout, and the block leaves
+// load), scales them (dS is unscaled) and rounds them to the dtype in the same dQ fragment
+// layout, and the block leaves
 // through shared memory as 16-byte row stores, rows past the sequence's end skipped.
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kNThreads)
@@ -242,11 +244,11 @@ __global__ void __launch_bounds__(Tr::kNThreads)
   const float4* src = DqChunk<Tr>::at(p, ws, seq, b, h, i0) + tid;
   CUTE_UNROLL
   for (int j = 0; j < DqChunk<Tr>::kQuadsPerThread; ++j) {
-    const float4 v = src[j * Tr::kNThreads];
-    acc(4 * j) = v.x;
-    acc(4 * j + 1) = v.y;
-    acc(4 * j + 2) = v.z;
-    acc(4 * j + 3) = v.w;
+    const float4 v = src[j * Tr::kNThreads];  // the main kernel's dS came unscaled
+    acc(4 * j) = v.x * p.scale;
+    acc(4 * j + 1) = v.y * p.scale;
+    acc(4 * j + 2) = v.z * p.scale;
+    acc(4 * j + 3) = v.w * p.scale;
   }
   Tensor rdQ = round_to<Element>(acc);  // (MMA, MMA_M, MMA_D)
 
@@ -309,15 +311,25 @@ __device__ __forceinline__ BwdBlock schedule_bwd(const BwdParams& p) {
   blk.j0 = blk.n_block * Tr::kBlockN;
   blk.keys = min(Tr::kBlockN, len_k - blk.j0);
   const int m_blocks = blk.keys > 0 ? (len_q + Tr::kBlockM - 1) / Tr::kBlockM : 0;
-  auto sees = [&](int m) {
-    const RowBlock r = row_block<Tr>(p.mask, m, len_q, len_k);
-    return r.key_end > blk.j0 && r.key_begin < blk.j0 + blk.keys;
+  // Both ends of a block's key range grow with the block (MaskPolicy), so the blocks that
+  // see a key of [j0, j0 + keys) are those from the first whose range ends past j0 up to the
+  // first whose range begins at or past j0 + keys: two binary searches.
+  auto first_true = [](int lo, int hi, auto pred) {  // pred false, then true, on [lo, hi)
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (pred(mid))
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return lo;
   };
-  int m = 0;
-  while (m < m_blocks && !sees(m)) ++m;
-  blk.m_begin = m;
-  while (m < m_blocks && sees(m)) ++m;
-  blk.m_end = m;
+  blk.m_begin = first_true(0, m_blocks, [&](int m) {
+    return row_block<Tr>(p.mask, m, len_q, len_k).key_end > blk.j0;
+  });
+  blk.m_end = first_true(blk.m_begin, m_blocks, [&](int m) {
+    return row_block<Tr>(p.mask, m, len_q, len_k).key_begin >= blk.j0 + blk.keys;
+  });
   return blk;
 }
 
@@ -559,6 +571,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   const float softcap_pre = softcap ? p.scale / mask.softcap : 0.f;
   const int m_blocks_all = (p.seqlen_q + kBlockM - 1) / kBlockM;  // dq_turn's last extent
   const int h_begin = blk.hk * p.group, h_end = h_begin + p.group;
+  // Dropout's P for dV is P ∘ M / (1 − p), known only once the mask is drawn with dP.
+  constexpr bool kStorePEarly = Tr::kStorePEarly && !kDropout;
 
   // ---- mainloop ----
   // K and V once, with the first Q (one cp.async group), then the first dO (another).
@@ -633,6 +647,10 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
       }
       if (blk.keys < kBlockN || !mask.tile_is_full(i0, i0 + rows, j0, j0 + kBlockN, len_q, len_k))
         mask_probs(s, tScS_rc, mask, i0, j0, len_q, len_k);
+      if constexpr (kStorePEarly) {  // its stores interleave with dP's products
+        Tensor rP = round_to<Element>(acc_s);  // (MMA, MMA_M, MMA_N)
+        copy(smem_copy_pds, smem_thr_pds.retile_S(rP), tPsP);
+      }
 
       // dP = dO Vᵀ.
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<BlkM, BlkN>{});  // (MMA, MMA_M, MMA_N)
@@ -642,7 +660,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
       gemm_ss(mma_sdp, acc_dp, tdPrdO, tdPrV, at_stage(tdPsdO, stage), tdPsV, copy_sdp_a,
               copy_sdp_b);
 
-      // dS = P ∘ (dP − D) · d logit · scale, in dP's registers; P for dV (dropped: 0).
+      // dS = P ∘ (dP − D) · d logit (the scale comes later), in dP's registers; P for dV
+      // (dropped: 0).
       Tensor dp = make_tensor(acc_dp.data(), acc_rowcol(acc_dp.layout()));  // (rows, cols)
       Tensor keep = make_tensor_like(acc_s);                                  // (MMA, MMA_M, MMA_N)
       Tensor keep_rc = make_tensor(keep.data(), acc_rowcol(keep.layout()));   // (rows, cols)
@@ -653,7 +672,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
         for (int c = 0; c < size<1>(s); ++c) {
           float dpv = dp(r, c);
           if constexpr (kDropout) dpv *= keep_rc(r, c);
-          float ds = s(r, c) * (dpv - dsum[r]) * p.scale;
+          float ds = s(r, c) * (dpv - dsum[r]);
           if constexpr (kSoftcap || kDropout) {
             if (softcap) ds *= dlogit(r, c);
           }
@@ -661,15 +680,47 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
           if constexpr (kDropout) s(r, c) *= keep_rc(r, c);
         }
       }
-      Tensor rP = round_to<Element>(acc_s);    // (MMA, MMA_M, MMA_N)
+      if constexpr (!kStorePEarly) {
+        Tensor rP = round_to<Element>(acc_s);    // (MMA, MMA_M, MMA_N)
+        copy(smem_copy_pds, smem_thr_pds.retile_S(rP), tPsP);
+      }
       Tensor rdS = round_to<Element>(acc_dp);  // (MMA, MMA_M, MMA_N)
-      copy(smem_copy_pds, smem_thr_pds.retile_S(rP), tPsP);
       copy(smem_copy_pds, smem_thr_pds.retile_S(rdS), tdSsdS);
       __syncthreads();  // P and dS are complete
+
+      // dQ += dS K: this key block's share, added to the fp32 accumulator.
+      auto dq_step = [&]() {
+        Tensor acc_dq = partition_fragment_C(mma_dq, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
+        clear(acc_dq);
+        gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_dq_a, copy_dq_b);
+        int* turn = nullptr;
+        if (p.deterministic) {
+          // Key blocks take turns on this query block, first key block first.
+          turn = ws.dq_turn + (int64_t(blk.b) * p.heads_q + h) * m_blocks_all + m;
+          const int mine = blk.n_block - rb.key_begin / kBlockN;
+          if (tid == 0)
+            while (load_acquire(turn) != mine) {
+            }
+          __syncthreads();
+        }
+        // This thread's float4s of the block's accumulator chunk: a base address and constant
+        // offsets. A ragged block's rows past the end add into the chunk's padding.
+        float4* dq_chunk = DqChunk<Tr>::at(p, ws, blk.seq, blk.b, h, i0) + tid;
+        CUTE_UNROLL
+        for (int j = 0; j < DqChunk<Tr>::kQuadsPerThread; ++j)
+          add_quad(dq_chunk + j * Tr::kNThreads, acc_dq(4 * j), acc_dq(4 * j + 1),
+                   acc_dq(4 * j + 2), acc_dq(4 * j + 3));
+        if (p.deterministic) {
+          __threadfence();
+          __syncthreads();  // every thread's adds are done (and visible) ...
+          if (tid == 0) add_release(turn, 1);  // ... before the next key block's turn
+        }
+      };
 
       // dV += Pᵀ dO, dK += dSᵀ Q.
       gemm_ss(mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, at_stage(tdVsdOt, stage), copy_dkv_a,
               copy_dkv_b);
+      if constexpr (Tr::kDqBeforeDk) dq_step();
       gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, at_stage(tdKsQt, stage), copy_dkv_a,
               copy_dkv_b);
       if constexpr (Tr::kStagesQdO == 1) {
@@ -678,39 +729,15 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
       } else {
         stage ^= 1;
       }
-
-      // dQ += dS K: this key block's share, added to the fp32 accumulator.
-      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
-      clear(acc_dq);
-      gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_dq_a, copy_dq_b);
-      int* turn = nullptr;
-      if (p.deterministic) {
-        // Key blocks take turns on this query block, first key block first.
-        turn = ws.dq_turn + (int64_t(blk.b) * p.heads_q + h) * m_blocks_all + m;
-        const int mine = blk.n_block - rb.key_begin / kBlockN;
-        if (tid == 0)
-          while (load_acquire(turn) != mine) {
-          }
-        __syncthreads();
-      }
-      // This thread's float4s of the block's accumulator chunk: a base address and constant
-      // offsets. A ragged block's rows past the end add into the chunk's padding.
-      float4* dq_chunk = DqChunk<Tr>::at(p, ws, blk.seq, blk.b, h, i0) + tid;
-      CUTE_UNROLL
-      for (int j = 0; j < DqChunk<Tr>::kQuadsPerThread; ++j)
-        add_quad(dq_chunk + j * Tr::kNThreads, acc_dq(4 * j), acc_dq(4 * j + 1),
-                 acc_dq(4 * j + 2), acc_dq(4 * j + 3));
-      if (p.deterministic) {
-        __threadfence();
-        __syncthreads();  // every thread's adds are done (and visible) ...
-        if (tid == 0) add_release(turn, 1);  // ... before the next key block's turn
-      }
+      if constexpr (!Tr::kDqBeforeDk) dq_step();
     }
   }
 
   // ---- epilogue ----
   // dK and dV: registers → shared (K's and V's bytes) → 16-byte global stores; keys that
   // no row sees get 0.
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;  // dS came unscaled
   Tensor rdK = round_to<Element>(acc_dk);  // (MMA, MMA_N, MMA_D)
   Tensor rdV = round_to<Element>(acc_dv);  // (MMA, MMA_N, MMA_D)
   auto smem_copy_dkv = make_tiled_copy_C(typename Tr::SmemCopyAtomC{}, mma_dkv);
@@ -765,7 +792,8 @@ Status launch_bwd(const BwdParams& p, const BwdWorkspace& ws) {
 // instantiations/bwd_hdim*_*.cu file instantiates one.
 template <DType kDtype, int kHeadDim>
 Status BwdInstance<kDtype, kHeadDim>::run(const BwdParams& p) {
-  using Tr = typename BwdConfig<kDtype, kHeadDim>::Traits;
+  using Config = BwdConfig<kDtype, kHeadDim>;
+  using Tr = typename Config::Traits;
   const BwdWorkspaceLayout l = bwd_workspace_layout(p, Tr::kBlockM);
   char* base = static_cast<char*>(p.workspace);
   const BwdWorkspace ws{reinterpret_cast<float*>(base + l.dq_accum),
@@ -773,8 +801,15 @@ Status BwdInstance<kDtype, kHeadDim>::run(const BwdParams& p) {
                         reinterpret_cast<float*>(base + l.lse_log2),
                         p.deterministic ? reinterpret_cast<int*>(base + l.dq_turn) : nullptr};
   if (p.dropout.enabled()) return launch_bwd<Tr, false, true>(p, ws);
-  return p.mask.softcap > 0.f ? launch_bwd<Tr, true, false>(p, ws)
-                              : launch_bwd<Tr, false, false>(p, ws);
+  if (p.mask.softcap > 0.f) return launch_bwd<Tr, true, false>(p, ws);
+  if constexpr (Config::kHasLargeSmem) {
+    using TrL = typename Config::TraitsLargeSmem;
+    int smem_optin = 0;
+    FL_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                         p.device_index));
+    if (smem_optin >= TrL::kSmemBytes) return launch_bwd<TrL, false, false>(p, ws);
+  }
+  return launch_bwd<Tr, false, false>(p, ws);
 }
 template <DType kDtype, int kHeadDim>
 size_t BwdInstance<kDtype, kHeadDim>::workspace_bytes(const BwdParams& p) {

@@ -25,8 +25,9 @@
 // (transposed for the products that reduce over rows or keys), Q/dO double-buffered so that
 // the next block's cp.async loads land during this one's products, key blocks of 128 at head
 // dims 64 and 128, head dims to 256, dropout, and the deterministic mode.
-// Measured on H100 (bf16, B·S = 16k tokens, hidden 2048, same process, 2026-11-25): 0.80–0.93x
-// SDPA's FlashAttention-2 backward (head dim 128, 8k: 285 against 306 TFLOP/s). docs/sm80/bwd.md.
+// Measured on H100 (bf16, B·S = 16k tokens, hidden 2048, same process, 2026-11-25, session 7):
+// 0.97–1.07x SDPA's FlashAttention-2 backward (head dim 128, 8k: 315 against 295 TFLOP/s;
+// session 6's kernel: 0.80–0.93x). docs/sm80/bwd.md.
 #pragma once
 
 #include <cute/tensor.hpp>

@@ -18,8 +18,9 @@
 // Scales: S is scaled into log2 units inside the exp2's FMA against LSE·log2 e, as in the
 // forward; dS carries softcap's d logit but not the softmax scale, which dK takes once in
 // the epilogue and dQ in the postprocess (one multiply per element of dK and dQ instead of
-// one per score): dK = scale · dSᵀ Q, dQ = scale · dS K. Dropout regenerates the forward's Philox mask per m16n8 fragment (one call
-// each, common/dropout.h): dV sees P ∘ M / (1 − p), dS = P ∘ (dP ∘ M / (1 − p) − D).
+// one per score): dK = scale · dSᵀ Q, dQ = scale · dS K. Dropout regenerates the forward's
+// Philox mask per m16n8 fragment (one call each, common/dropout.h): dV sees P ∘ M / (1 − p),
+// dS = P ∘ (dP ∘ M / (1 − p) − D).
 //
 // What it adds over fa2_simt_bwd: the five products on m16n8k16 tensor cores with ldmatrix
 // (transposed for the products that reduce over rows or keys), Q/dO double-buffered so that
@@ -223,8 +224,8 @@ __global__ void __launch_bounds__(kRowKernelThreads)
 // grid (ceil(seqlen_q / kBlockM), heads_q, batch), the main kernel's kNThreads threads: thread
 // t reads the float4s it held in the main kernel (DqChunk: 512 contiguous bytes per warp
 // load), scales them (dS is unscaled) and rounds them to the dtype in the same dQ fragment
-// layout, and the block leaves
-// through shared memory as 16-byte row stores, rows past the sequence's end skipped.
+// layout; the block leaves through shared memory as 16-byte row stores, rows past the
+// sequence's end skipped.
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kNThreads)
     bwd_postprocess_kernel(const __grid_constant__ BwdParams p, const BwdWorkspace ws) {

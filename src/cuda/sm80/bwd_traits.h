@@ -147,8 +147,8 @@ struct BwdTraits {
 // as by the tensor cores. Head dim 64 takes 128 query rows per step: half the barriers and
 // per-block overhead of 64 rows for the same products, and computes dQ before dK with P
 // stored early (measured +2% on the H100; dQ first costs 2-7% at head dims 128 and 256).
-// Head dim 256 keeps one Q/dO buffer to stay under the 164 KiB an A100 block may use; where a block
-// may use 208 KiB (sm_90), its plain kernel (no softcap, no dropout) takes two
+// Head dim 256 keeps one Q/dO buffer to stay under the 164 KiB an A100 block may use; where
+// a block may use 208 KiB (sm_90), its plain kernel (no softcap, no dropout) takes two
 // (TraitsLargeSmem, measured +3% on the H100).
 template <DType kDtype, int kHeadDim>
 struct BwdConfig {

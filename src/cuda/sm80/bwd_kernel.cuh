@@ -26,9 +26,10 @@
 // (transposed for the products that reduce over rows or keys), Q/dO double-buffered so that
 // the next block's cp.async loads land during this one's products, key blocks of 128 at head
 // dims 64 and 128, head dims to 256, dropout, and the deterministic mode.
-// Measured on H100 (bf16, B·S = 16k tokens, hidden 2048, same process, 2026-11-25, session 7):
-// 0.97–1.07x SDPA's FlashAttention-2 backward (head dim 128, 8k: 315 against 295 TFLOP/s;
-// session 6's kernel: 0.80–0.93x). docs/sm80/bwd.md.
+// Measured on H100 (bf16, B·S = 16k tokens, hidden 2048, same process, 2026-11-25): 0.97–1.03x
+// SDPA's FlashAttention-2 backward (head dim 128, 8k: 320 against 309 TFLOP/s; session 6's
+// kernel: 0.80–0.93x), after dQ's reductions were spread over dK's k-steps and the MMAs of a
+// k-step ordered m-tile by m-tile (mma_k_step). docs/sm80/bwd.md.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -156,9 +157,9 @@ __device__ __forceinline__ float dot_chunk(const uint4& a, const uint4& b, float
 
 // ---- preprocess --------------------------------------------------------------------------
 // grid (ceil(seqlen_q / kBlockM), heads_q, batch): one CTA per query block of the main
-// kernel, so it also resets that block's deterministic turn counter. The block's dQ
-// accumulator chunk is zeroed with 16-byte stores by all threads; a batch of passes has all
-// its loads in flight before the first is used.
+// kernel, so it also resets that block's deterministic turn counter. A batch of passes has
+// all its loads in flight before the first is used; the block's dQ accumulator chunk is
+// zeroed (16-byte stores by all threads) while the first batch's loads are in flight.
 template <class Tr>
 __global__ void __launch_bounds__(kRowKernelThreads)
     bwd_preprocess_kernel(const __grid_constant__ BwdParams p, const BwdWorkspace ws) {
@@ -176,9 +177,6 @@ __global__ void __launch_bounds__(kRowKernelThreads)
   const bool chunk_lane = c < Chunks::kChunks;
   auto row_of = [&](int pass) { return Chunks::row(tid) + pass * Chunks::kRowsPerPass; };
 
-  float4* dq = DqChunk<Tr>::at(p, ws, seq, b, h, i0);
-  for (int e = tid; e < DqChunk<Tr>::kFloats / 4; e += kRowKernelThreads)
-    dq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
   // Passes in batches of up to 4 whose loads are in flight together (8 would hold 64
   // registers of chunks and halve the CTAs an SM holds, at head dims 192 and 256).
   constexpr int kBatch = Chunks::kPasses < 4 ? Chunks::kPasses : 4;
@@ -202,6 +200,11 @@ __global__ void __launch_bounds__(kRowKernelThreads)
       } else {
         o_c[i] = dout_c[i] = make_uint4(0, 0, 0, 0);
       }
+    }
+    if (pass0 == 0) {  // the zeroing stores go out while the first loads are in flight
+      float4* dq = DqChunk<Tr>::at(p, ws, seq, b, h, i0);
+      for (int e = tid; e < DqChunk<Tr>::kFloats / 4; e += kRowKernelThreads)
+        dq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     CUTE_UNROLL
     for (int i = 0; i < kBatch; ++i) {
@@ -690,48 +693,50 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
       copy(smem_copy_pds, smem_thr_pds.retile_S(rdS), tdSsdS);
       __syncthreads();  // P and dS are complete
 
-      // dQ += dS K: this key block's share, added to the fp32 accumulator.
-      auto dq_step = [&]() {
-        Tensor acc_dq = partition_fragment_C(mma_dq, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
-        clear(acc_dq);
-        gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_dq_a, copy_dq_b);
-        int* turn = nullptr;
-        if (p.deterministic) {
-          // Key blocks take turns on this query block, first key block first.
-          turn = ws.dq_turn + (int64_t(blk.b) * p.heads_q + h) * m_blocks_all + m;
-          const int mine = blk.n_block - rb.key_begin / kBlockN;
-          if (tid == 0)
-            while (load_acquire(turn) != mine) {
-            }
-          __syncthreads();
-        }
-        // This thread's float4s of the block's accumulator chunk: a base address and constant
-        // offsets. A ragged block's rows past the end add into the chunk's padding.
-        float4* dq_chunk = DqChunk<Tr>::at(p, ws, blk.seq, blk.b, h, i0) + tid;
-        CUTE_UNROLL
-        for (int j = 0; j < DqChunk<Tr>::kQuadsPerThread; ++j)
-          add_quad(dq_chunk + j * Tr::kNThreads, acc_dq(4 * j), acc_dq(4 * j + 1),
-                   acc_dq(4 * j + 2), acc_dq(4 * j + 3));
-        if (p.deterministic) {
-          __threadfence();
-          __syncthreads();  // every thread's adds are done (and visible) ...
-          if (tid == 0) add_release(turn, 1);  // ... before the next key block's turn
-        }
-      };
+      // dQ += dS K: this key block's share, added to the fp32 accumulator while dK's product
+      // runs. Order: dV = Pᵀ dO, dQ's product, then dK = dSᵀ Q with dQ's reductions spread
+      // over its k-steps, so each step's red.global waits under the next step's MMAs (after
+      // dK, or issued in one batch, they stall on their source registers: docs/sm80/bwd.md).
+      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
+      // This thread's float4s of the block's accumulator chunk: a base address and constant
+      // offsets. A ragged block's rows past the end add into the chunk's padding.
+      float4* dq_chunk = DqChunk<Tr>::at(p, ws, blk.seq, blk.b, h, i0) + tid;
+      constexpr int kQuads = DqChunk<Tr>::kQuadsPerThread;
+      constexpr int kDkSteps = decltype(size<2>(tdKrdSt))::value;
+      constexpr int kQuadsPerStep = (kQuads + kDkSteps - 1) / kDkSteps;
 
-      // dV += Pᵀ dO, dK += dSᵀ Q.
       gemm_ss(mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, at_stage(tdVsdOt, stage), copy_dkv_a,
               copy_dkv_b);
-      if constexpr (Tr::kDqBeforeDk) dq_step();
+      clear(acc_dq);
+      gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_dq_a, copy_dq_b);
+      int* turn = nullptr;
+      if (p.deterministic) {
+        // Key blocks take turns on this query block, first key block first.
+        turn = ws.dq_turn + (int64_t(blk.b) * p.heads_q + h) * m_blocks_all + m;
+        const int mine = blk.n_block - rb.key_begin / kBlockN;
+        if (tid == 0)
+          while (load_acquire(turn) != mine) {
+          }
+        __syncthreads();
+      }
       gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, at_stage(tdKsQt, stage), copy_dkv_a,
-              copy_dkv_b);
+              copy_dkv_b, [&](int k) {
+                CUTE_UNROLL
+                for (int j = k * kQuadsPerStep; j < (k + 1) * kQuadsPerStep && j < kQuads; ++j)
+                  add_quad(dq_chunk + j * Tr::kNThreads, acc_dq(4 * j), acc_dq(4 * j + 1),
+                           acc_dq(4 * j + 2), acc_dq(4 * j + 3));
+              });
+      if (p.deterministic) {
+        __threadfence();
+        __syncthreads();  // every thread's adds are done (and visible) ...
+        if (tid == 0) add_release(turn, 1);  // ... before the next key block's turn
+      }
       if constexpr (Tr::kStagesQdO == 1) {
         __syncthreads();  // every warp is done with Q and dO: the next block's may land
         if (has_next) load_q_do(next_h, next_m, 0);
       } else {
         stage ^= 1;
       }
-      if constexpr (!Tr::kDqBeforeDk) dq_step();
     }
   }
 

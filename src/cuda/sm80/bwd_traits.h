@@ -40,7 +40,7 @@ using TiledMmaOf = TiledMMA<MMA_Atom<typename MmaAtomFor<Element>::type>,
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_,
           int kWarpsMSdP_, int kWarpsNdKV_, int kWarpsMdQ_, int kStagesQdO_,
-          bool kDqBeforeDk_ = false, bool kStorePEarly_ = false>
+          bool kStorePEarly_ = false>
 struct BwdTraits {
   using Element = Element_;
   static_assert(sizeof(Element) == 2, "the m16n8k16 MMA takes 16-bit inputs");
@@ -53,9 +53,6 @@ struct BwdTraits {
   // Q and dO buffers: with 2, the next query block's loads start as this one's begin.
   static constexpr int kStagesQdO = kStagesQdO_;
   static_assert(kStagesQdO == 1 || kStagesQdO == 2, "one or two Q/dO buffers");
-  // The order of the products after P and dS are in shared memory: dV, dK, dQ (false) or
-  // dV, dQ, dK (true: dQ's reductions drain under dK's products).
-  static constexpr bool kDqBeforeDk = kDqBeforeDk_;
   // P to shared memory right after it is computed (true: its stores interleave with
   // dP = dO Vᵀ), or together with dS (false).
   static constexpr bool kStorePEarly = kStorePEarly_;
@@ -145,8 +142,8 @@ struct BwdTraits {
 // (32 × 32 or 32 × 64 per step), so that each fragment read from shared memory with
 // ldmatrix feeds as many MMAs as possible: the loop is bound by shared-memory reads as much
 // as by the tensor cores. Head dim 64 takes 128 query rows per step: half the barriers and
-// per-block overhead of 64 rows for the same products, and computes dQ before dK with P
-// stored early (measured +2% on the H100; dQ first costs 2-7% at head dims 128 and 256).
+// per-block overhead of 64 rows for the same products, and stores P early (its stores
+// interleave with dP = dO Vᵀ).
 // Head dim 256 keeps one Q/dO buffer to stay under the 164 KiB an A100 block may use; where
 // a block may use 208 KiB (sm_90), its plain kernel (no softcap, no dropout) takes two
 // (TraitsLargeSmem, measured +3% on the H100).
@@ -162,16 +159,16 @@ struct BwdConfig {
   static constexpr int kWarpsNdKV = kWideN || kHeadDim == 96 ? 4 : 2;
   static constexpr int kWarpsMdQ = kHeadDim <= 96 ? 4 : 2;
   static constexpr int kStagesQdO = kHeadDim == 256 ? 1 : 2;
-  static constexpr bool kDqBeforeDk = kHeadDim == 64, kStorePEarly = kHeadDim == 64;
+  static constexpr bool kStorePEarly = kHeadDim == 64;
   using Element = typename ElementFor<kDtype>::type;
   using Traits = BwdTraits<Element, kHeadDim, kBlockM, kBlockN, 8, kWarpsMSdP, kWarpsNdKV,
-                           kWarpsMdQ, kStagesQdO, kDqBeforeDk, kStorePEarly>;
+                           kWarpsMdQ, kStagesQdO, kStorePEarly>;
   // The plain kernel where the device allows more shared memory per block than Traits uses
   // (the same tiles, so the same workspace); Traits itself where it would not help.
   static constexpr bool kHasLargeSmem = kHeadDim == 256;
   using TraitsLargeSmem = BwdTraits<Element, kHeadDim, kBlockM, kBlockN, 8, kWarpsMSdP,
                                     kWarpsNdKV, kWarpsMdQ, kHasLargeSmem ? 2 : kStagesQdO,
-                                    kDqBeforeDk, kStorePEarly>;
+                                    kStorePEarly>;
 };
 
 }  // namespace flashlab::sm80

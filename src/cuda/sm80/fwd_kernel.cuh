@@ -17,7 +17,9 @@
 // call per accumulator fragment (common/dropout.h).
 // Measured on H100 (bf16, batch 4, heads 16, seqlen 4096, head dim 128): 333 TFLOP/s
 // (causal 289), 1.08x fa2_mma (1.03x causal); head dim 64: 318, 1.15x. With lazy
-// rescaling (cuda::OnlineSoftmax) 351 (causal 303), 1.02x SDPA flash. docs/sm80/fwd.md.
+// rescaling (cuda::OnlineSoftmax) 351 (causal 303), 1.02x SDPA flash. With Q Kᵀ's ldmatrix
+// addresses one XOR each (gemm_qk_lines) and its MMAs m-tile by m-tile (mma_k_step), at
+// B·S = 16k tokens: 369-379 TFLOP/s non-causal, 1.03-1.16x SDPA flash. docs/sm80/fwd.md.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -80,15 +82,36 @@ __device__ __forceinline__ void copy_rows(TiledCopy const& tiled_copy, Src const
   }
 }
 
+// One k-step of acc += A·B on register fragments, m-tile by m-tile: A(m) is dead after its
+// row of n-tiles and B(n) is reused by every m-tile, so the next k-step's ldmatrix of each
+// fragment can be issued about half a k-step (8 MMAs at 32 × 64) before it is needed.
+// CuTe's gemm walks n-tiles in the outer loop, which keeps both A fragments live to the end
+// of the k-step and leaves the next A load right before its first MMA (measured on the H100:
+// +1-5% forward at head dims 64/128 with the line addressing below, +0.5-1.5% backward).
+//   rA (MMA, MMA_M), rB (MMA, MMA_N), acc (MMA, MMA_M, MMA_N)
+template <class TiledMma, class Acc, class RA, class RB>
+__device__ __forceinline__ void mma_k_step(TiledMma const& mma, Acc& acc, RA const& rA,
+                                           RB const& rB) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(acc); ++m) {
+    CUTE_UNROLL
+    for (int n = 0; n < size<2>(acc); ++n) gemm(mma, rA(_, m), rB(_, n), acc(_, m, n));
+  }
+}
+
 // acc += A·B with both operands in shared memory: the ldmatrix of k-step k + 1 is issued
 // before the MMAs of k-step k, so the loads hide behind the tensor cores.
 //   rA (MMA, MMA_M, MMA_K), rB (MMA, MMA_N, MMA_K): register fragments
 //   sA, sB: the ldmatrix partitions of the smem tiles; acc (MMA, MMA_M, MMA_N)
+// on_step(k), when given, runs after the MMAs of k-step k: work to interleave with them.
+struct NoStep {
+  __device__ __forceinline__ void operator()(int) const {}
+};
 template <class TiledMma, class Acc, class RA, class RB, class SA, class SB, class CopyA,
-          class CopyB>
+          class CopyB, class OnStep = NoStep>
 __device__ __forceinline__ void gemm_ss(TiledMma const& mma, Acc& acc, RA& rA, RB& rB,
                                         SA const& sA, SB const& sB, CopyA const& copy_a,
-                                        CopyB const& copy_b) {
+                                        CopyB const& copy_b, OnStep const& on_step = {}) {
   Tensor rA_view = make_tensor(rA.data(), copy_a.retile(rA.layout()));  // (CPY, CPY_M, CPY_K)
   Tensor rB_view = make_tensor(rB.data(), copy_b.retile(rB.layout()));  // (CPY, CPY_N, CPY_K)
   copy(copy_a, sA(_, _, _0{}), rA_view(_, _, _0{}));
@@ -99,7 +122,52 @@ __device__ __forceinline__ void gemm_ss(TiledMma const& mma, Acc& acc, RA& rA, R
       copy(copy_a, sA(_, _, k + 1), rA_view(_, _, k + 1));
       copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
     }
-    gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+    mma_k_step(mma, acc, rA(_, _, k), rB(_, _, k));
+    on_step(k);
+  }
+}
+
+// ldmatrix .x4 (four 8 × 8 b16 matrices) from an explicit shared-memory address into the
+// four 32-bit registers of `dst`.
+template <class Frag>
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, Frag&& dst) {
+  Tensor d = recast<uint32_t>(dst);
+  static_assert(decltype(size(d))::value == 4, "one x4 ldmatrix fills four registers");
+  asm volatile("ldmatrix.sync.aligned.x4.m8n8.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(d(0)), "=r"(d(1)), "=r"(d(2)), "=r"(d(3))
+               : "r"(addr));
+}
+
+// gemm_ss for S = Q Kᵀ when both tiles are stored in 64-element swizzle lines
+// (Tr::kLineAddressing): each k-step's ldmatrix addresses come from one base address per
+// operand (line_address, fwd_traits.h) instead of CuTe's per-(tile, k-step) addresses. The
+// compiler hoists those out of the key loop, 16 registers at head dim 128 that the
+// fragments then lack; here the bases are laundered (an empty asm the compiler must assume
+// changes them) before every k-step, so each address is one XOR computed next to its load.
+// Measured on the H100 with mma_k_step: +4-8% forward at head dim 128 (2k-16k), +1-4% at
+// 256; the layout check is tests/gpu/sm80_line_address_test.cu.
+//   a0, b0: this thread's shared-memory address of A(m = 0, k = 0) and B(n = 0, k = 0)
+template <class Tr, class TiledMma, class Acc, class RA, class RB, class CopyA, class CopyB>
+__device__ __forceinline__ void gemm_qk_lines(TiledMma const& mma, Acc& acc, RA& rA, RB& rB,
+                                              uint32_t a0, uint32_t b0, CopyA const& copy_a,
+                                              CopyB const& copy_b) {
+  static_assert(Tr::kLineAddressing, "Q and K in 64-element swizzle lines");
+  Tensor rA_view = make_tensor(rA.data(), copy_a.retile(rA.layout()));  // (CPY, CPY_M, CPY_K)
+  Tensor rB_view = make_tensor(rB.data(), copy_b.retile(rB.layout()));  // (CPY, CPY_N, CPY_K)
+  auto load = [&](int k) {
+    asm volatile("" : "+r"(a0), "+r"(b0));
+    const uint32_t a = line_address(a0, k, Tr::kQBlockBytes);
+    const uint32_t b = line_address(b0, k, Tr::kKVBlockBytes);
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(rA_view); ++m) ldsm_x4(a + m * Tr::kQTileBytes, rA_view(_, m, k));
+    CUTE_UNROLL
+    for (int n = 0; n < size<1>(rB_view); ++n) ldsm_x4(b + n * Tr::kKPairBytes, rB_view(_, n, k));
+  };
+  load(0);
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k + 1 < size<2>(rA)) load(k + 1);
+    mma_k_step(mma, acc, rA(_, _, k), rB(_, _, k));
   }
 }
 
@@ -229,6 +297,9 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   Tensor tSsQ = smem_copy_q.get_thread_slice(tid).partition_S(sQ);    // (CPY, CPY_M, CPY_D)
   Tensor tSsK = smem_copy_k.get_thread_slice(tid).partition_S(sK);    // (CPY, CPY_N, CPY_D)
   Tensor tOsVt = smem_copy_v.get_thread_slice(tid).partition_S(sVt);  // (CPY, CPY_D, CPY_N)
+  // This thread's ldmatrix addresses of Q's and K's first k-step (gemm_qk_lines).
+  const uint32_t q_addr0 = cast_smem_ptr_to_uint(&tSsQ(0, 0, 0));
+  const uint32_t k_addr0 = cast_smem_ptr_to_uint(&tSsK(0, 0, 0));
 
   // (row, key) of each score this thread holds, as (rows, cols) like the scores themselves.
   Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<BlkM, BlkN>{}));  // (MMA, MMA_M, MMA_N)
@@ -274,7 +345,10 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
       copy_rows<false>(gmem_copy, tVgV(_, _, _, n), tVsV, tKVcKV, tile_rows);
     cp_async_fence();
 
-    gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_copy_k);
+    if constexpr (Tr::kLineAddressing)
+      gemm_qk_lines<Tr>(tiled_mma, acc_s, tSrQ, tSrK, q_addr0, k_addr0, smem_copy_q, smem_copy_k);
+    else
+      gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_copy_k);
 
     Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (rows, cols)
     if constexpr (kSoftcap || kDropout) {

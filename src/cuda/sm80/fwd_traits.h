@@ -33,6 +33,16 @@ struct MmaAtomFor<cutlass::bfloat16_t> {
 
 using cuda::ElementFor;  // cuda/cute_common.cuh
 
+// The ldmatrix address of k-step k (16 elements along a 64-element swizzle line) from k-step
+// 0's, for a thread whose rows and 16-byte chunks are fixed: k-step k reads chunks 2k and
+// 2k + 1 of the line, the swizzle XORs the chunk index with the row (mod 8), and XOR
+// commutes with itself, so the address is addr0 ^ 32·(k mod 4); every 4 k-steps the next
+// 64-column block begins, block_bytes further. Needs 128-byte-aligned tiles (smem offsets
+// are multiples of the tile size).
+__host__ __device__ constexpr uint32_t line_address(uint32_t addr0, int k, int block_bytes) {
+  return (addr0 ^ uint32_t((k & 3) << 5)) + uint32_t((k >> 2) * block_bytes);
+}
+
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_,
           int kMinBlocksPerSm_>
 struct FwdTraits {
@@ -79,6 +89,17 @@ struct FwdTraits {
                                             make_layout(Shape<HeadDim, BlkN>{}, GenRowMajor{})));
   using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));  // fragment shape only
   using SmemLayoutO = SmemLayoutQ;  // O is staged in Q's smem: (BLK_M, D)
+
+  // ldmatrix addresses of S = Q Kᵀ from one base per operand (line_address below), where
+  // rows are 64-element (128-byte) swizzle lines. Q's tile is 64-column blocks of BLK_M
+  // lines, K's of BLK_N lines; a warp's m-tiles are 16·kNWarps rows apart (the warps stack
+  // along M) and one x4 load of K covers 16 keys.
+  static constexpr bool kLineAddressing = kSwizzleCols == 64;
+  static constexpr int kLineBytes = kSwizzleCols * int(sizeof(Element));
+  static constexpr int kQBlockBytes = kBlockM * kLineBytes;      // between 64-column blocks
+  static constexpr int kKVBlockBytes = kBlockN * kLineBytes;     // between 64-column blocks
+  static constexpr int kQTileBytes = 16 * kNWarps * kLineBytes;  // between a warp's m-tiles
+  static constexpr int kKPairBytes = 16 * kLineBytes;            // between 16-key n-pairs
 
   static constexpr int kSmemQBytes = int(cosize_v<SmemLayoutQ>) * int(sizeof(Element));
   static constexpr int kSmemKVBytes = int(cosize_v<SmemLayoutKV>) * int(sizeof(Element));

@@ -1,11 +1,13 @@
-// The forward's ldmatrix address arithmetic (line_address, sm80/fwd_traits.h) against CuTe:
-// for every thread of every head dim whose Q and K tiles are stored in 64-element swizzle
-// lines, the address gemm_qk_lines computes for (m-tile or n-pair, k-step) must be the one
-// CuTe's ldmatrix partition of the same tile gives. Layout algebra only: runs on the host.
+// The ldmatrix address arithmetic of gemm_ss_lines (line_address, sm80/fwd_traits.h) against
+// CuTe: for every thread of every head dim whose operands are stored in 64-element swizzle
+// lines, the address computed for (m-tile or n-pair, k-step) must be the one CuTe's ldmatrix
+// partition of the same tile gives: the forward's Q and K, the backward's Q/dO and K/V.
+// Layout algebra only: runs on the host.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
+#include "cuda/sm80/bwd_traits.h"
 #include "cuda/sm80/fwd_traits.h"
 
 namespace flashlab::test {
@@ -20,8 +22,30 @@ int offset_of(Part const& part, int i, int k, Element const* base) {
              reinterpret_cast<const char*>(base));
 }
 
+// Checks one operand: `part(tid)` is thread tid's ldmatrix partition (CPY, tiles, k-steps)
+// of a tile at `base`; returns how many (thread, tile, k-step) addresses it compared.
+template <class PartOf, class Element>
+int check_operand(const char* what, int threads, PartOf part_of, const Element* base,
+                  int tile_bytes, int block_bytes) {
+  int checked = 0;
+  for (int tid = 0; tid < threads; ++tid) {
+    auto part = part_of(tid);
+    const uint32_t a0 = uint32_t(offset_of(part, 0, 0, base));
+    for (int k = 0; k < int(size<2>(part)); ++k)
+      for (int i = 0; i < int(size<1>(part)); ++i, ++checked) {
+        const int mine = int(sm80::line_address(a0, k, block_bytes)) + i * tile_bytes;
+        if (mine != offset_of(part, i, k, base)) {
+          ADD_FAILURE() << what << ": thread " << tid << ", tile " << i << ", k-step " << k
+                        << ": " << mine << " against CuTe's " << offset_of(part, i, k, base);
+          return checked;
+        }
+      }
+  }
+  return checked;
+}
+
 template <DType kDtype, int kHeadDim>
-void check_line_addresses() {
+void check_forward() {
   using Tr = typename sm80::FwdConfig<kDtype, kHeadDim>::Traits;
   using Element = typename Tr::Element;
   static_assert(Tr::kLineAddressing, "only head dims stored in 64-element lines");
@@ -33,38 +57,59 @@ void check_line_addresses() {
   typename Tr::TiledMma mma;
   auto copy_q = make_tiled_copy_A(typename Tr::SmemCopyAtomQK{}, mma);
   auto copy_k = make_tiled_copy_B(typename Tr::SmemCopyAtomQK{}, mma);
-  int checked = 0;
-  for (int tid = 0; tid < Tr::kNThreads; ++tid) {
-    cute::Tensor q = copy_q.get_thread_slice(tid).partition_S(sQ);  // (CPY, CPY_M, CPY_D)
-    cute::Tensor k = copy_k.get_thread_slice(tid).partition_S(sK);  // (CPY, CPY_N, CPY_D)
-    const uint32_t q0 = uint32_t(offset_of(q, 0, 0, base));
-    const uint32_t k0 = uint32_t(offset_of(k, 0, 0, base));
-    for (int s = 0; s < int(size<2>(q)); ++s) {
-      for (int m = 0; m < int(size<1>(q)); ++m, ++checked)
-        ASSERT_EQ(int(sm80::line_address(q0, s, Tr::kQBlockBytes)) + m * Tr::kQTileBytes,
-                  offset_of(q, m, s, base))
-            << "Q: head dim " << kHeadDim << ", thread " << tid << ", m-tile " << m
-            << ", k-step " << s;
-      for (int n = 0; n < int(size<1>(k)); ++n, ++checked)
-        ASSERT_EQ(int(sm80::line_address(k0, s, Tr::kKVBlockBytes)) + n * Tr::kKPairBytes,
-                  offset_of(k, n, s, base))
-            << "K: head dim " << kHeadDim << ", thread " << tid << ", n-pair " << n
-            << ", k-step " << s;
-    }
-  }
-  // The partitions have the shapes gemm_qk_lines assumes: D/16 k-steps, BLK_M/(16·warps)
-  // m-tiles a warp, BLK_N/16 n-pairs.
-  EXPECT_EQ(checked, Tr::kNThreads * (kHeadDim / 16) *
-                         (Tr::kBlockM / (16 * Tr::kNWarps) + Tr::kBlockN / 16));
+  SCOPED_TRACE(testing::Message() << "forward, head dim " << kHeadDim);
+  const int q = check_operand(
+      "Q", Tr::kNThreads, [&](int t) { return copy_q.get_thread_slice(t).partition_S(sQ); },
+      base, Tr::kQTileBytes, Tr::kQBlockBytes);
+  const int k = check_operand(
+      "K", Tr::kNThreads, [&](int t) { return copy_k.get_thread_slice(t).partition_S(sK); },
+      base, Tr::kKPairBytes, Tr::kKVBlockBytes);
+  // The partitions have the shapes assumed: D/16 k-steps, BLK_M/(16·warps) m-tiles a warp,
+  // BLK_N/16 n-pairs.
+  EXPECT_EQ(q, Tr::kNThreads * (kHeadDim / 16) * (Tr::kBlockM / (16 * Tr::kNWarps)));
+  EXPECT_EQ(k, Tr::kNThreads * (kHeadDim / 16) * (Tr::kBlockN / 16));
 }
 
-TEST(Sm80LineAddress, MatchesCuteForEveryThread) {
-  check_line_addresses<DType::kBF16, 64>();
-  check_line_addresses<DType::kBF16, 128>();
-  check_line_addresses<DType::kBF16, 192>();
-  check_line_addresses<DType::kBF16, 256>();
-  check_line_addresses<DType::kF16, 128>();
+template <class Tr>
+void check_backward() {
+  using Element = typename Tr::Element;
+  static_assert(Tr::kLineAddressing, "only head dims stored in 64-element lines");
+  static Element storage[cosize_v<typename Tr::SmemLayoutQdO>] __attribute__((aligned(1024)));
+  Element* base = &storage[0];
+  cute::Tensor sQ = make_tensor(base, typename Tr::SmemLayoutQdO{});  // (BLK_M, D)
+  cute::Tensor sK = make_tensor(base, typename Tr::SmemLayoutKV{});   // (BLK_N, D)
+  typename Tr::TiledMmaSdP mma;
+  auto copy_a = make_tiled_copy_A(typename Tr::SmemCopyAtom{}, mma);
+  auto copy_b = make_tiled_copy_B(typename Tr::SmemCopyAtom{}, mma);
+  SCOPED_TRACE(testing::Message() << "backward, head dim " << Tr::kHeadDim);
+  const int q = check_operand(
+      "Q/dO", Tr::kNThreads, [&](int t) { return copy_a.get_thread_slice(t).partition_S(sQ); },
+      base, Tr::kQdOTileBytes, Tr::kQdOBlockBytes);
+  const int k = check_operand(
+      "K/V", Tr::kNThreads, [&](int t) { return copy_b.get_thread_slice(t).partition_S(sK); },
+      base, Tr::kKVTileBytes, Tr::kKVBlockBytes);
+  EXPECT_EQ(q, Tr::kNThreads * (Tr::kHeadDim / 16) * (Tr::kBlockM / (16 * Tr::kWarpsMSdP)));
+  EXPECT_EQ(k, Tr::kNThreads * (Tr::kHeadDim / 16) * (Tr::kBlockN / (16 * Tr::kWarpsNSdP)));
+}
+
+TEST(Sm80LineAddress, ForwardMatchesCuteForEveryThread) {
+  check_forward<DType::kBF16, 64>();
+  check_forward<DType::kBF16, 128>();
+  check_forward<DType::kBF16, 192>();
+  check_forward<DType::kBF16, 256>();
+  check_forward<DType::kF16, 128>();
   static_assert(!sm80::FwdConfig<DType::kBF16, 96>::Traits::kLineAddressing,
+                "head dim 96 keeps 32-element lines and CuTe's addresses");
+}
+
+TEST(Sm80LineAddress, BackwardMatchesCuteForEveryThread) {
+  check_backward<sm80::BwdConfig<DType::kBF16, 64>::Traits>();
+  check_backward<sm80::BwdConfig<DType::kBF16, 128>::Traits>();
+  check_backward<sm80::BwdConfig<DType::kBF16, 192>::Traits>();
+  check_backward<sm80::BwdConfig<DType::kBF16, 256>::Traits>();
+  check_backward<sm80::BwdConfig<DType::kBF16, 256>::TraitsLargeSmem>();
+  check_backward<sm80::BwdConfig<DType::kF16, 64>::Traits>();
+  static_assert(!sm80::BwdConfig<DType::kBF16, 96>::Traits::kLineAddressing,
                 "head dim 96 keeps 32-element lines and CuTe's addresses");
 }
 

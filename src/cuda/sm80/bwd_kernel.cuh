@@ -26,10 +26,11 @@
 // (transposed for the products that reduce over rows or keys), Q/dO double-buffered so that
 // the next block's cp.async loads land during this one's products, key blocks of 128 at head
 // dims 64 and 128, head dims to 256, dropout, and the deterministic mode.
-// Measured on H100 (bf16, B·S = 16k tokens, hidden 2048, same process, 2026-11-25): 0.97–1.03x
-// SDPA's FlashAttention-2 backward (head dim 128, 8k: 320 against 309 TFLOP/s; session 6's
-// kernel: 0.80–0.93x), after dQ's reductions were spread over dK's k-steps and the MMAs of a
-// k-step ordered m-tile by m-tile (mma_k_step). docs/sm80/bwd.md.
+// Measured on H100 (bf16, B·S = 16k tokens, hidden 2048, same process, 2026-11-25): 0.98–1.07x
+// SDPA's FlashAttention-2 backward (head dim 128, 8k: 325 against 304 TFLOP/s; session 6's
+// kernel: 0.80–0.93x), after dQ's reductions were spread over dK's k-steps, the MMAs of a
+// k-step ordered m-tile by m-tile (mma_k_step) and S's and dP's ldmatrix addresses computed
+// per k-step (gemm_ss_lines). docs/sm80/bwd.md.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -533,6 +534,22 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   Tensor tdPsdO = copy_sdp_a.get_thread_slice(tid).partition_S(sdO);  // (CPY, CPY_M, CPY_D)
   Tensor tSsK = copy_sdp_b.get_thread_slice(tid).partition_S(sK);     // (CPY, CPY_N, CPY_D)
   Tensor tdPsV = copy_sdp_b.get_thread_slice(tid).partition_S(sV);    // (CPY, CPY_N, CPY_D)
+  // This thread's ldmatrix addresses of the first k-step of Q, dO (stage 0), K and V, for
+  // gemm_ss_lines; stage s is kQdOStageBytes · s further.
+  const uint32_t q_addr0 = cast_smem_ptr_to_uint(&tSsQ(0, 0, 0));
+  const uint32_t do_addr0 = cast_smem_ptr_to_uint(&tdPsdO(0, 0, 0));
+  const uint32_t k_addr0 = cast_smem_ptr_to_uint(&tSsK(0, 0, 0));
+  const uint32_t v_addr0 = cast_smem_ptr_to_uint(&tdPsV(0, 0, 0));
+  constexpr uint32_t kQdOStageBytes = uint32_t(Tr::kQdOStageElems * sizeof(Element));
+  // S = Q Kᵀ and dP = dO Vᵀ: both operands (rows, D) in smem.
+  auto gemm_sdp = [&](auto& acc, auto& rA, auto& rB, auto const& sA, auto const& sB,
+                      uint32_t a0, uint32_t b0) {
+    if constexpr (Tr::kLineAddressing)
+      gemm_ss_lines<Tr::kQdOTileBytes, Tr::kQdOBlockBytes, Tr::kKVTileBytes, Tr::kKVBlockBytes>(
+          mma_sdp, acc, rA, rB, a0, b0, copy_sdp_a, copy_sdp_b);
+    else
+      gemm_ss(mma_sdp, acc, rA, rB, sA, sB, copy_sdp_a, copy_sdp_b);
+  };
   // (row, key) of each score this thread holds: (MMA, MMA_M, MMA_N) and as (rows, cols).
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<BlkM, BlkN>{}));
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
@@ -630,7 +647,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
           cp_async_fence();
         }
       }
-      gemm_ss(mma_sdp, acc_s, tSrQ, tSrK, at_stage(tSsQ, stage), tSsK, copy_sdp_a, copy_sdp_b);
+      gemm_sdp(acc_s, tSrQ, tSrK, at_stage(tSsQ, stage), tSsK, q_addr0 + stage * kQdOStageBytes,
+               k_addr0);
 
       // P = 2^(logit·log2 e − LSE·log2 e), recomputed; d logit / d s for softcap.
       Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (rows, cols)
@@ -662,8 +680,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
       clear(acc_dp);
       cp_async_wait<Tr::kStagesQdO == 2 ? 2 : 0>();  // dO has landed ...
       __syncthreads();  // ... for every thread, and every warp is done with the last dS
-      gemm_ss(mma_sdp, acc_dp, tdPrdO, tdPrV, at_stage(tdPsdO, stage), tdPsV, copy_sdp_a,
-              copy_sdp_b);
+      gemm_sdp(acc_dp, tdPrdO, tdPrV, at_stage(tdPsdO, stage), tdPsV,
+               do_addr0 + stage * kQdOStageBytes, v_addr0);
 
       // dS = P ∘ (dP − D) · d logit (the scale comes later), in dP's registers; P for dV
       // (dropped: 0).

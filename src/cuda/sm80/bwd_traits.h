@@ -98,6 +98,16 @@ struct BwdTraits {
   using SmemLayoutKtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutKt{}));
   using SmemLayoutPdStNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutPdSt{}));
 
+  // ldmatrix addresses of S = Q Kᵀ and dP = dO Vᵀ from one base per operand
+  // (fwd_kernel.cuh's gemm_ss_lines, sm80::line_address) where rows are 64-element lines:
+  // a warp's m-tiles are 16·kWarpsMSdP lines apart, its n-pairs 16·kWarpsNSdP.
+  static constexpr bool kLineAddressing = SwizzleAtom<kHeadDim>::kLine == 64;
+  static constexpr int kLineBytes = 64 * int(sizeof(Element));
+  static constexpr int kQdOBlockBytes = kBlockM * kLineBytes;  // between 64-column blocks
+  static constexpr int kKVBlockBytes = kBlockN * kLineBytes;   // between 64-column blocks
+  static constexpr int kQdOTileBytes = 16 * kWarpsMSdP * kLineBytes;
+  static constexpr int kKVTileBytes = 16 * kWarpsNSdP * kLineBytes;
+
   static constexpr int kSmemQdOBytes = int(cosize_v<SmemLayoutQdO>) * int(sizeof(Element));
   static constexpr int kQdOStageElems = int(cosize_v<SmemLayoutQdO>);  // one Q or dO buffer
   static constexpr int kSmemKVBytes = int(cosize_v<SmemLayoutKV>) * int(sizeof(Element));

@@ -18,7 +18,7 @@
 // Measured on H100 (bf16, batch 4, heads 16, seqlen 4096, head dim 128): 333 TFLOP/s
 // (causal 289), 1.08x fa2_mma (1.03x causal); head dim 64: 318, 1.15x. With lazy
 // rescaling (cuda::OnlineSoftmax) 351 (causal 303), 1.02x SDPA flash. With Q Kᵀ's ldmatrix
-// addresses one XOR each (gemm_qk_lines) and its MMAs m-tile by m-tile (mma_k_step), at
+// addresses one XOR each (gemm_ss_lines) and its MMAs m-tile by m-tile (mma_k_step), at
 // B·S = 16k tokens: 369-379 TFLOP/s non-causal, 1.03-1.16x SDPA flash. docs/sm80/fwd.md.
 #pragma once
 
@@ -86,8 +86,9 @@ __device__ __forceinline__ void copy_rows(TiledCopy const& tiled_copy, Src const
 // row of n-tiles and B(n) is reused by every m-tile, so the next k-step's ldmatrix of each
 // fragment can be issued about half a k-step (8 MMAs at 32 × 64) before it is needed.
 // CuTe's gemm walks n-tiles in the outer loop, which keeps both A fragments live to the end
-// of the k-step and leaves the next A load right before its first MMA (measured on the H100:
-// +1-5% forward at head dims 64/128 with the line addressing below, +0.5-1.5% backward).
+// of the k-step and leaves the next A load right before its first MMA. Measured alone on the
+// H100 (docs/sm80/fwd.md, bwd.md): forward +3-8% at head dim 128, +1-3% at 64, -3 to +1%
+// at 256; backward -0.8 to +1.7%.
 //   rA (MMA, MMA_M), rB (MMA, MMA_N), acc (MMA, MMA_M, MMA_N)
 template <class TiledMma, class Acc, class RA, class RB>
 __device__ __forceinline__ void mma_k_step(TiledMma const& mma, Acc& acc, RA const& rA,
@@ -138,30 +139,34 @@ __device__ __forceinline__ void ldsm_x4(uint32_t addr, Frag&& dst) {
                : "r"(addr));
 }
 
-// gemm_ss for S = Q Kᵀ when both tiles are stored in 64-element swizzle lines
-// (Tr::kLineAddressing): each k-step's ldmatrix addresses come from one base address per
-// operand (line_address, fwd_traits.h) instead of CuTe's per-(tile, k-step) addresses. The
-// compiler hoists those out of the key loop, 16 registers at head dim 128 that the
-// fragments then lack; here the bases are laundered (an empty asm the compiler must assume
-// changes them) before every k-step, so each address is one XOR computed next to its load.
-// Measured on the H100 with mma_k_step: +4-8% forward at head dim 128 (2k-16k), +1-4% at
-// 256; the layout check is tests/gpu/sm80_line_address_test.cu.
+// gemm_ss for A·Bᵀ products whose operands are both stored (rows, k) in 64-element swizzle
+// lines (S = Q Kᵀ here; S = Q Kᵀ and dP = dO Vᵀ in the backward): each k-step's ldmatrix
+// addresses come from one base address per operand (line_address, fwd_traits.h) instead of
+// CuTe's per-(tile, k-step) addresses. The compiler hoists those out of the key loop, 16
+// registers at head dim 128 that the fragments then lack; here the bases are laundered (an
+// empty asm the compiler must assume changes them) before every k-step, so each address is
+// one XOR computed next to its load. Measured on the H100, with mma_k_step against neither:
+// forward +5-11% at head dim 128, 0-3% at 64, -1 to +3% at 256; on top of mma_k_step in the
+// backward (S and dP) -0.3 to +2.6%, and the spills at head dim 256 are gone.
+// tests/gpu/sm80_line_address_test.cu checks the arithmetic against CuTe's partitions.
 //   a0, b0: this thread's shared-memory address of A(m = 0, k = 0) and B(n = 0, k = 0)
-template <class Tr, class TiledMma, class Acc, class RA, class RB, class CopyA, class CopyB>
-__device__ __forceinline__ void gemm_qk_lines(TiledMma const& mma, Acc& acc, RA& rA, RB& rB,
+//   kTileBytesA/B: bytes between a thread's m-tiles / n-pairs (16·warps along M / N lines)
+//   kBlockBytesA/B: bytes between 64-column blocks (the tile's rows × 128)
+template <int kTileBytesA, int kBlockBytesA, int kTileBytesB, int kBlockBytesB, class TiledMma,
+          class Acc, class RA, class RB, class CopyA, class CopyB>
+__device__ __forceinline__ void gemm_ss_lines(TiledMma const& mma, Acc& acc, RA& rA, RB& rB,
                                               uint32_t a0, uint32_t b0, CopyA const& copy_a,
                                               CopyB const& copy_b) {
-  static_assert(Tr::kLineAddressing, "Q and K in 64-element swizzle lines");
   Tensor rA_view = make_tensor(rA.data(), copy_a.retile(rA.layout()));  // (CPY, CPY_M, CPY_K)
   Tensor rB_view = make_tensor(rB.data(), copy_b.retile(rB.layout()));  // (CPY, CPY_N, CPY_K)
   auto load = [&](int k) {
     asm volatile("" : "+r"(a0), "+r"(b0));
-    const uint32_t a = line_address(a0, k, Tr::kQBlockBytes);
-    const uint32_t b = line_address(b0, k, Tr::kKVBlockBytes);
+    const uint32_t a = line_address(a0, k, kBlockBytesA);
+    const uint32_t b = line_address(b0, k, kBlockBytesB);
     CUTE_UNROLL
-    for (int m = 0; m < size<1>(rA_view); ++m) ldsm_x4(a + m * Tr::kQTileBytes, rA_view(_, m, k));
+    for (int m = 0; m < size<1>(rA_view); ++m) ldsm_x4(a + m * kTileBytesA, rA_view(_, m, k));
     CUTE_UNROLL
-    for (int n = 0; n < size<1>(rB_view); ++n) ldsm_x4(b + n * Tr::kKPairBytes, rB_view(_, n, k));
+    for (int n = 0; n < size<1>(rB_view); ++n) ldsm_x4(b + n * kTileBytesB, rB_view(_, n, k));
   };
   load(0);
   CUTE_UNROLL
@@ -297,7 +302,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   Tensor tSsQ = smem_copy_q.get_thread_slice(tid).partition_S(sQ);    // (CPY, CPY_M, CPY_D)
   Tensor tSsK = smem_copy_k.get_thread_slice(tid).partition_S(sK);    // (CPY, CPY_N, CPY_D)
   Tensor tOsVt = smem_copy_v.get_thread_slice(tid).partition_S(sVt);  // (CPY, CPY_D, CPY_N)
-  // This thread's ldmatrix addresses of Q's and K's first k-step (gemm_qk_lines).
+  // This thread's ldmatrix addresses of Q's and K's first k-step (gemm_ss_lines).
   const uint32_t q_addr0 = cast_smem_ptr_to_uint(&tSsQ(0, 0, 0));
   const uint32_t k_addr0 = cast_smem_ptr_to_uint(&tSsK(0, 0, 0));
 
@@ -346,7 +351,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     cp_async_fence();
 
     if constexpr (Tr::kLineAddressing)
-      gemm_qk_lines<Tr>(tiled_mma, acc_s, tSrQ, tSrK, q_addr0, k_addr0, smem_copy_q, smem_copy_k);
+      gemm_ss_lines<Tr::kQTileBytes, Tr::kQBlockBytes, Tr::kKPairBytes, Tr::kKVBlockBytes>(
+          tiled_mma, acc_s, tSrQ, tSrK, q_addr0, k_addr0, smem_copy_q, smem_copy_k);
     else
       gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_copy_k);
 

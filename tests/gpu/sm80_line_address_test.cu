@@ -44,52 +44,55 @@ int check_operand(const char* what, int threads, PartOf part_of, const Element* 
   return checked;
 }
 
+// One A·Bᵀ product whose operands are both (rows, D) tiles in 64-element lines: A with
+// layout LayoutA (rows_a rows), B with LayoutB, read through CopyAtom as TiledMma's A and B
+// operands by `threads` threads whose warps stack warps_m along M and warps_n along N.
+// The partitions must have the shapes gemm_ss_lines assumes: D/16 k-steps,
+// rows/(16·warps) tiles a warp.
+template <class Element, class TiledMma, class CopyAtom, class LayoutA, class LayoutB>
+void check_product(int threads, int head_dim, int rows_a, int rows_b, int warps_m,
+                   int warps_n, int tile_a, int block_a, int tile_b, int block_b) {
+  // A 1 KiB-aligned stand-in for the smem tiles (only addresses are compared).
+  static Element storage[cosize_v<LayoutA> > cosize_v<LayoutB> ? cosize_v<LayoutA>
+                                                                : cosize_v<LayoutB>]
+      __attribute__((aligned(1024)));
+  Element* base = &storage[0];
+  cute::Tensor sA = make_tensor(base, LayoutA{});  // (rows_a, D)
+  cute::Tensor sB = make_tensor(base, LayoutB{});  // (rows_b, D)
+  TiledMma mma;
+  auto copy_a = make_tiled_copy_A(CopyAtom{}, mma);
+  auto copy_b = make_tiled_copy_B(CopyAtom{}, mma);
+  const int a = check_operand(
+      "A", threads, [&](int t) { return copy_a.get_thread_slice(t).partition_S(sA); }, base,
+      tile_a, block_a);
+  const int b = check_operand(
+      "B", threads, [&](int t) { return copy_b.get_thread_slice(t).partition_S(sB); }, base,
+      tile_b, block_b);
+  EXPECT_EQ(a, threads * (head_dim / 16) * (rows_a / (16 * warps_m)));
+  EXPECT_EQ(b, threads * (head_dim / 16) * (rows_b / (16 * warps_n)));
+}
+
+// The forward's S = Q Kᵀ (warps stacked along M only).
 template <DType kDtype, int kHeadDim>
 void check_forward() {
   using Tr = typename sm80::FwdConfig<kDtype, kHeadDim>::Traits;
-  using Element = typename Tr::Element;
   static_assert(Tr::kLineAddressing, "only head dims stored in 64-element lines");
-  // A 1 KiB-aligned stand-in for the smem tiles (only addresses are compared).
-  static Element storage[cosize_v<typename Tr::SmemLayoutQ>] __attribute__((aligned(1024)));
-  Element* base = &storage[0];
-  cute::Tensor sQ = make_tensor(base, typename Tr::SmemLayoutQ{});   // (BLK_M, D)
-  cute::Tensor sK = make_tensor(base, typename Tr::SmemLayoutKV{});  // (BLK_N, D)
-  typename Tr::TiledMma mma;
-  auto copy_q = make_tiled_copy_A(typename Tr::SmemCopyAtomQK{}, mma);
-  auto copy_k = make_tiled_copy_B(typename Tr::SmemCopyAtomQK{}, mma);
-  SCOPED_TRACE(testing::Message() << "forward, head dim " << kHeadDim);
-  const int q = check_operand(
-      "Q", Tr::kNThreads, [&](int t) { return copy_q.get_thread_slice(t).partition_S(sQ); },
-      base, Tr::kQTileBytes, Tr::kQBlockBytes);
-  const int k = check_operand(
-      "K", Tr::kNThreads, [&](int t) { return copy_k.get_thread_slice(t).partition_S(sK); },
-      base, Tr::kKPairBytes, Tr::kKVBlockBytes);
-  // The partitions have the shapes assumed: D/16 k-steps, BLK_M/(16·warps) m-tiles a warp,
-  // BLK_N/16 n-pairs.
-  EXPECT_EQ(q, Tr::kNThreads * (kHeadDim / 16) * (Tr::kBlockM / (16 * Tr::kNWarps)));
-  EXPECT_EQ(k, Tr::kNThreads * (kHeadDim / 16) * (Tr::kBlockN / 16));
+  SCOPED_TRACE(testing::Message() << "forward Q (A), K (B), head dim " << kHeadDim);
+  check_product<typename Tr::Element, typename Tr::TiledMma, typename Tr::SmemCopyAtomQK,
+                typename Tr::SmemLayoutQ, typename Tr::SmemLayoutKV>(
+      Tr::kNThreads, kHeadDim, Tr::kBlockM, Tr::kBlockN, Tr::kNWarps, 1, Tr::kQTileBytes,
+      Tr::kQBlockBytes, Tr::kKPairBytes, Tr::kKVBlockBytes);
 }
 
+// The backward's S = Q Kᵀ and dP = dO Vᵀ (the same layouts for Q and dO, K and V).
 template <class Tr>
 void check_backward() {
-  using Element = typename Tr::Element;
   static_assert(Tr::kLineAddressing, "only head dims stored in 64-element lines");
-  static Element storage[cosize_v<typename Tr::SmemLayoutQdO>] __attribute__((aligned(1024)));
-  Element* base = &storage[0];
-  cute::Tensor sQ = make_tensor(base, typename Tr::SmemLayoutQdO{});  // (BLK_M, D)
-  cute::Tensor sK = make_tensor(base, typename Tr::SmemLayoutKV{});   // (BLK_N, D)
-  typename Tr::TiledMmaSdP mma;
-  auto copy_a = make_tiled_copy_A(typename Tr::SmemCopyAtom{}, mma);
-  auto copy_b = make_tiled_copy_B(typename Tr::SmemCopyAtom{}, mma);
-  SCOPED_TRACE(testing::Message() << "backward, head dim " << Tr::kHeadDim);
-  const int q = check_operand(
-      "Q/dO", Tr::kNThreads, [&](int t) { return copy_a.get_thread_slice(t).partition_S(sQ); },
-      base, Tr::kQdOTileBytes, Tr::kQdOBlockBytes);
-  const int k = check_operand(
-      "K/V", Tr::kNThreads, [&](int t) { return copy_b.get_thread_slice(t).partition_S(sK); },
-      base, Tr::kKVTileBytes, Tr::kKVBlockBytes);
-  EXPECT_EQ(q, Tr::kNThreads * (Tr::kHeadDim / 16) * (Tr::kBlockM / (16 * Tr::kWarpsMSdP)));
-  EXPECT_EQ(k, Tr::kNThreads * (Tr::kHeadDim / 16) * (Tr::kBlockN / (16 * Tr::kWarpsNSdP)));
+  SCOPED_TRACE(testing::Message() << "backward Q/dO (A), K/V (B), head dim " << Tr::kHeadDim);
+  check_product<typename Tr::Element, typename Tr::TiledMmaSdP, typename Tr::SmemCopyAtom,
+                typename Tr::SmemLayoutQdO, typename Tr::SmemLayoutKV>(
+      Tr::kNThreads, Tr::kHeadDim, Tr::kBlockM, Tr::kBlockN, Tr::kWarpsMSdP, Tr::kWarpsNSdP,
+      Tr::kQdOTileBytes, Tr::kQdOBlockBytes, Tr::kKVTileBytes, Tr::kKVBlockBytes);
 }
 
 TEST(Sm80LineAddress, ForwardMatchesCuteForEveryThread) {

@@ -18,8 +18,9 @@
 // Measured on H100 (bf16, batch 4, heads 16, seqlen 4096, head dim 128): 333 TFLOP/s
 // (causal 289), 1.08x fa2_mma (1.03x causal); head dim 64: 318, 1.15x. With lazy
 // rescaling (cuda::OnlineSoftmax) 351 (causal 303), 1.02x SDPA flash. With Q Kᵀ's ldmatrix
-// addresses one XOR each (gemm_ss_lines) and its MMAs m-tile by m-tile (mma_k_step), at
-// B·S = 16k tokens: 369-379 TFLOP/s non-causal, 1.03-1.16x SDPA flash. docs/sm80/fwd.md.
+// addresses one XOR each (gemm_ss_lines) and its MMAs m-tile by m-tile (mma_k_step), head
+// dim 128 at B·S = 16k tokens (2k-16k): 363-379 TFLOP/s non-causal, 1.03-1.16x SDPA flash
+// over two runs. docs/sm80/fwd.md.
 #pragma once
 
 #include <cute/tensor.hpp>

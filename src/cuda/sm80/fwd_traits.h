@@ -90,7 +90,7 @@ struct FwdTraits {
   using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));  // fragment shape only
   using SmemLayoutO = SmemLayoutQ;  // O is staged in Q's smem: (BLK_M, D)
 
-  // ldmatrix addresses of S = Q Kᵀ from one base per operand (line_address below), where
+  // ldmatrix addresses of S = Q Kᵀ from one base per operand (line_address above), where
   // rows are 64-element (128-byte) swizzle lines. Q's tile is 64-column blocks of BLK_M
   // lines, K's of BLK_N lines; a warp's m-tiles are 16·kNWarps rows apart (the warps stack
   // along M) and one x4 load of K covers 16 keys.

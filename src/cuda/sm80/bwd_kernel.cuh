@@ -408,6 +408,17 @@ __device__ __forceinline__ void add_quad(float4* dst, float a, float b, float c,
 #endif
 }
 
+// v, made to depend on dep without changing it: v | (dep & zero) bitwise, where zero is 0 at
+// run time but unknown to the compiler (one LOP3). ptxas schedules an instruction as soon as
+// its operands allow, so dQ's reductions, whose values are ready before dK's product starts,
+// all issued at that product's first k-steps whatever the source order (the SASS: 8 of 8
+// at head dim 64, 16 of 16 at 256), queueing behind each other and holding their source
+// registers against the next loads. Tied to an accumulator of the k-step they follow, they
+// cannot issue before it.
+__device__ __forceinline__ float after(float v, float dep, uint32_t zero) {
+  return __uint_as_float(__float_as_uint(v) | (__float_as_uint(dep) & zero));
+}
+
 // ---- the kernel --------------------------------------------------------------------------
 // grid (ceil(seqlen_k / kBlockN), heads_kv, batch), kNThreads threads, kSmemBytes dynamic.
 // Three variants, picked at launch: plain, kSoftcap, and kDropout (which also takes softcap,
@@ -426,6 +437,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   const int tid = int(threadIdx.x);
   const int len_q = blk.seq.len_q, len_k = blk.seq.len_k, j0 = blk.j0;
   const MaskPolicy mask = p.mask;
+  const uint32_t opaque_zero = uint32_t(p.batch) >> 31;  // batch >= 0: see after()
 
   // ---- global tensors: this CTA's keys, and the rows of every query block ----
   const int64_t kv_row0 = blk.seq.start_k + j0;
@@ -713,8 +725,9 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
 
       // dQ += dS K: this key block's share, added to the fp32 accumulator while dK's product
       // runs. Order: dV = Pᵀ dO, dQ's product, then dK = dSᵀ Q with dQ's reductions spread
-      // over its k-steps, so each step's red.global waits under the next step's MMAs (after
-      // dK, or issued in one batch, they stall on their source registers: docs/sm80/bwd.md).
+      // over its k-steps (and held there by after()), so each step's red.global waits under
+      // the next step's MMAs (after dK, or issued in one batch, they stall on their source
+      // registers: docs/sm80/bwd.md).
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
       // This thread's float4s of the block's accumulator chunk: a base address and constant
       // offsets. A ragged block's rows past the end add into the chunk's padding.
@@ -737,12 +750,17 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
           }
         __syncthreads();
       }
+      // The reductions after k-step k wait for its first accumulator (acc_dk(0), m-tile 0
+      // and n-tile 0 of mma_k_step's order): see after().
       gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, at_stage(tdKsQt, stage), copy_dkv_a,
               copy_dkv_b, [&](int k) {
+                const float dep = acc_dk(0);
                 CUTE_UNROLL
                 for (int j = k * kQuadsPerStep; j < (k + 1) * kQuadsPerStep && j < kQuads; ++j)
-                  add_quad(dq_chunk + j * Tr::kNThreads, acc_dq(4 * j), acc_dq(4 * j + 1),
-                           acc_dq(4 * j + 2), acc_dq(4 * j + 3));
+                  add_quad(dq_chunk + j * Tr::kNThreads, after(acc_dq(4 * j), dep, opaque_zero),
+                           after(acc_dq(4 * j + 1), dep, opaque_zero),
+                           after(acc_dq(4 * j + 2), dep, opaque_zero),
+                           after(acc_dq(4 * j + 3), dep, opaque_zero));
               });
       if (p.deterministic) {
         __threadfence();

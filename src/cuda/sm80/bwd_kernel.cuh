@@ -26,11 +26,11 @@
 // (transposed for the products that reduce over rows or keys), Q/dO double-buffered so that
 // the next block's cp.async loads land during this one's products, key blocks of 128 at head
 // dims 64 and 128, head dims to 256, dropout, and the deterministic mode.
-// Measured on H100 (bf16, B·S = 16k tokens, hidden 2048, same process, 2026-11-25): 0.98–1.07x
-// SDPA's FlashAttention-2 backward (head dim 128, 8k: 325 against 304 TFLOP/s; session 6's
-// kernel: 0.80–0.93x), after dQ's reductions were spread over dK's k-steps, the MMAs of a
-// k-step ordered m-tile by m-tile (mma_k_step) and S's and dP's ldmatrix addresses computed
-// per k-step (gemm_ss_lines). docs/sm80/bwd.md.
+// Measured on H100 (bf16, B·S = 16k tokens, hidden 2048, same process, 2026-11-25): 1.00–1.07x
+// SDPA's FlashAttention-2 backward (head dim 128, 8k: 320 against 306 TFLOP/s; session 6's
+// kernel: 0.80–0.93x), after dQ's reductions were spread over dK's k-steps and held there
+// (after()), the MMAs of a k-step ordered m-tile by m-tile (mma_k_step) and S's and dP's
+// ldmatrix addresses computed per k-step (gemm_ss_lines). docs/sm80/bwd.md.
 #pragma once
 
 #include <cute/tensor.hpp>

@@ -149,9 +149,9 @@ struct FwdTraits {
 // against 406 with two), although 160 registers a thread spill 120 bytes (wgmma
 // descriptors, reloaded once per tile).
 // At head dim 256, O's 128 accumulators a thread leave room for a 64-key S only. Wider key
-// tiles at head dim 128 (176, FlashAttention-3's) measured 469 against 677 TFLOP/s, but as
-// 16-wide wgmmas: ss_op_selector offers N = 176 only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
-// (docs/sm90/fwd.md).
+// tiles at head dim 128 (176, FlashAttention-3's; 176-wide wgmmas need
+// CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, else CuTe picks 16-wide ones) on two stages
+// measured level at 8k-16k and 7% slower at 4k than 128 on three (docs/sm90/fwd.md).
 template <DType kDtype, int kHeadDim, Schedule kSchedule = Schedule::kFull>
 struct FwdConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,

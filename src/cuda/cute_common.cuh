@@ -173,22 +173,21 @@ struct OnlineSoftmax {
 // ---- the forward's tile scheduler ------------------------------------------------------------
 // Which rows a CTA owns: batch entry b, query head h (KV head hk), rows [i0, i0 + rows) of
 // its sequence; and the key tiles [n_begin, n_end) that hold keys some of those rows see
-// (empty: no key, O = 0). One CTA per tile, grid (query blocks, heads_q, batch).
+// (empty: no key, O = 0).
 struct FwdBlock {
   int b, h, hk, m_block, i0, rows;
   int n_begin, n_end;
   SeqInfo seq;
 };
 
-// Query blocks run in reverse: under a causal mask the last ones see the most keys, and
-// starting the longest first shortens the tail of the grid.
+// The tile of (batch entry b, query head h, query block m_block).
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ FwdBlock schedule_fwd(const FwdParams& p) {
+__device__ __forceinline__ FwdBlock fwd_block(const FwdParams& p, int b, int h, int m_block) {
   FwdBlock blk;
-  blk.b = int(blockIdx.z);
-  blk.h = int(blockIdx.y);
+  blk.b = b;
+  blk.h = h;
   blk.hk = blk.h / p.group;
-  blk.m_block = int(gridDim.x) - 1 - int(blockIdx.x);
+  blk.m_block = m_block;
   blk.i0 = blk.m_block * kBlockM;
   blk.seq = seq_info(p, blk.b);
   blk.rows = min(kBlockM, blk.seq.len_q - blk.i0);  // <= 0: varlen, a shorter sequence
@@ -203,6 +202,14 @@ __device__ __forceinline__ FwdBlock schedule_fwd(const FwdParams& p) {
     }
   }
   return blk;
+}
+
+// One CTA per tile. Query blocks run in reverse: under a causal mask the last ones see the
+// most keys, and starting the longest first shortens the tail of the grid.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ FwdBlock schedule_fwd(const FwdParams& p) {
+  return fwd_block<kBlockM, kBlockN>(p, int(blockIdx.z), int(blockIdx.y),
+                                     int(gridDim.x) - 1 - int(blockIdx.x));
 }
 
 }  // namespace flashlab::cuda

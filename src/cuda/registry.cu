@@ -12,6 +12,7 @@ std::span<const KernelEntry> cuda_kernels() noexcept {
 #if defined(FLASHLAB_WITH_SM90)
       cute_fa3_fwd_entry(),  // built only when 90a is in FLASHLAB_CUDA_ARCHS
       cute_fa3_ablation_entry(0), cute_fa3_ablation_entry(1), cute_fa3_ablation_entry(2),
+      cute_fa3_ablation_entry(3),
 #endif
   };
   return entries;

@@ -96,6 +96,9 @@ std::string supports_with(const FwdParams& p, Instance (*pick)(const FwdParams&)
   if (why.empty() && !empty && kv_rows > 0)
     why = tma_rules("v", p.v, eb, kv_rows, p.v_row_stride, p.heads_kv, p.v_head_stride, batch,
                     p.v_batch_stride);
+  if (why.empty() && !empty)  // O leaves by TMA store
+    why = tma_rules("out", p.out, eb, q_rows, p.o_row_stride, p.heads_q, p.o_head_stride, batch,
+                    p.o_batch_stride);
   if (!why.empty()) return why;
 
   int major = 0, minor = 0;
@@ -121,6 +124,9 @@ Status run(const FwdParams& p) {
   cuda::DeviceGuard guard(p.device_index);
   return instance_for(p).run(p);
 }
+
+// The persistent kernels' tile counter (fwd_scheduler.cuh's DynamicTiles), zeroed by run().
+size_t workspace(const FwdParams&) { return 16; }
 
 // The schedule ablations: bf16, head dim 128 only.
 template <Schedule kSchedule>
@@ -157,6 +163,7 @@ KernelEntry cute_fa3_fwd_entry() {
   e.auto_priority = 50;  // auto's GPU forward on sm90: above cute_fa2 (40)
   e.supports_fwd = sm90::supports;
   e.run_fwd = sm90::run;
+  e.workspace_fwd = sm90::workspace;
   return e;
 }
 
@@ -180,7 +187,7 @@ KernelEntry cute_fa3_ablation_entry(int which) {
       e.supports_fwd = sm90::supports_ablation<Schedule::kNoOverlap>;
       e.run_fwd = sm90::run_ablation<Schedule::kNoOverlap>;
       break;
-    default:
+    case 2:
       e.info = {"cute_fa3_serial", "sm90a",
                 "cute_fa3 with neither pingpong nor the intra-warpgroup overlap: warp "
                 "specialization, TMA and wgmma alone; bf16 head dim 128 only",
@@ -188,7 +195,16 @@ KernelEntry cute_fa3_ablation_entry(int which) {
       e.supports_fwd = sm90::supports_ablation<Schedule::kSerial>;
       e.run_fwd = sm90::run_ablation<Schedule::kSerial>;
       break;
+    default:
+      e.info = {"cute_fa3_no_persistent", "sm90a",
+                "cute_fa3 without the persistent tile scheduler (one CTA per query tile); "
+                "bf16 head dim 128 only",
+                true, false};
+      e.supports_fwd = sm90::supports_ablation<Schedule::kNoPersistent>;
+      e.run_fwd = sm90::run_ablation<Schedule::kNoPersistent>;
+      break;
   }
+  e.workspace_fwd = sm90::workspace;
   e.auto_priority = 0;  // never auto's pick
   return e;
 }

@@ -8,9 +8,10 @@
 
 namespace flashlab::sm90 {
 
-// The consumers' schedule. kFull is cute_fa3; the others turn one technique (or both) off,
-// built for bf16 head dim 128 only, to measure what each adds (docs/sm90/fwd.md).
-enum class Schedule { kFull, kNoPingpong, kNoOverlap, kSerial };
+// The schedule. kFull is cute_fa3; the others turn one technique (or two) off, built for
+// bf16 head dim 128 only, to measure what each adds (docs/sm90/fwd.md): the consumers'
+// pingpong, their intra-warpgroup overlap, both, or the persistent tile scheduler.
+enum class Schedule { kFull, kNoPingpong, kNoOverlap, kSerial, kNoPersistent };
 
 template <DType kDtype, int kHeadDim, Schedule kSchedule = Schedule::kFull>
 struct FwdInstance {

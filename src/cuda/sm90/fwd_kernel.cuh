@@ -1,9 +1,11 @@
 // The Hopper forward kernel (`cute_fa3`, sm_90a): the layers wired to warpgroups, and the
 // launch (tensor maps built on the host per call).
-//   tile scheduler  fwd_scheduler.cuh   one CTA per (batch, head, 128-row query block)
+//   tile scheduler  fwd_scheduler.cuh   one CTA per (batch, head, query block), or (causal
+//                                       and local masks, head dims 64/128) one per SM
+//                                       taking tiles longest first as it frees up
 //   mainloop        fwd_mainloop.cuh    TMA producer; wgmma consumers
 //   softmax         fwd_softmax.cuh     online softmax in exp2 units, MaskPolicy
-//   epilogue        fwd_epilogue.cuh    normalize, LSE, O through shared memory
+//   epilogue        fwd_epilogue.cuh    normalize, LSE, O through shared memory, TMA store
 //
 // What it adds over cute_fa2 (the sm80 path): the copy engine moves Q, K and V (one thread
 // issues a whole tile; ragged tiles are zero-filled by the hardware), the tensor cores read
@@ -11,15 +13,16 @@
 // 128 threads per 64 × N instruction, no ldmatrix), and the roles are split: warpgroup 0
 // only loads, the others (two or three) only compute, with registers moved to them by
 // setmaxnreg.
-// K and V stream through 2-stage rings on mbarriers, so loads run ahead of the math without
-// any __syncthreads in the loop.
+// K and V stream through 2- or 3-stage rings on mbarriers, so loads run ahead of the math
+// without any __syncthreads in the loop.
 // The consumers' schedule has two switches in the traits, each measured by turning it off
 // (docs/sm90/fwd.md): pingpong (the two warpgroups take turns on the tensor cores, so one's
 // softmax hides under the other's GEMMs) and the intra-warpgroup overlap (S of the next tile
 // is issued with P V of this one, and its softmax runs while P V is still in flight).
-// Measured on H100 (bf16, 4x4096x16x128, same process): 645 TFLOP/s (causal 555), 1.84x
-// cute_fa2, 0.98x cuDNN; head dim 64 at 16k 1.16x cuDNN. docs/sm90/fwd.md has the sweep
-// and what each technique adds.
+// A third switch, kPersistent, picks the persistent tile scheduler (fwd_scheduler.cuh).
+// Measured on H100 (bf16, one process, session 11): 4x4096x16x128 636 TFLOP/s, 1.05x cuDNN
+// (causal 549, 0.98x); head dim 64 at 16k 1.07x (causal 1.06x). docs/sm90/fwd.md has the
+// sweep and what each technique adds.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -45,16 +48,23 @@ template <class Tr>
 struct KernelParams {
   FwdParams p;
   MainloopParams<Tr> mainloop;
+  EpilogueParams<Tr> epilogue;
+  TileOrder order;     // the persistent kernel's tile order
+  DynamicTiles tiles;  // and its hand-out (a counter in the workspace)
 };
 
 // ---- the consumer warpgroups --------------------------------------------------------------
-// ctid: the thread's index among the consumers; warpgroup ctid / 128 owns rows
-// [64·(ctid / 128), +64) of the tile.
+// One query tile, once its Q has landed. ctid: the thread's index among the consumers;
+// warpgroup ctid / 128 owns rows [64·(ctid / 128), +64) of the tile. state_k, state_v: the
+// rings' consumer states, carried from tile to tile.
 template <class Tr, bool kSoftcap>
-__device__ __forceinline__ void consume(const FwdParams& p, const FwdBlock& blk,
+__device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams<Tr>& ep,
+                                        const FwdBlock& blk,
                                         typename Tr::SharedStorage& ss,
                                         typename Tr::PipelineKV& pipeline_k,
-                                        typename Tr::PipelineKV& pipeline_v, int ctid) {
+                                        typename Tr::PipelineKV& pipeline_v,
+                                        typename Tr::PipelineState& state_k,
+                                        typename Tr::PipelineState& state_v, int ctid) {
   using Element = typename Tr::Element;
   using BlkM = typename Tr::BlkM;
   using BlkN = typename Tr::BlkN;
@@ -105,7 +115,6 @@ __device__ __forceinline__ void consume(const FwdParams& p, const FwdBlock& blk,
 
   Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
   if (blk.n_end > blk.n_begin) {
-    cutlass::arch::ClusterBarrier::wait(&ss.barrier_q, 0);
     if constexpr (Tr::kPingpong) {
       if (wg == kNWg - 1) cutlass::arch::NamedBarrier::arrive(256, Tr::kSchedulerBarrier);
     }
@@ -133,8 +142,6 @@ __device__ __forceinline__ void consume(const FwdParams& p, const FwdBlock& blk,
 
     // K and V advance through their rings in the same order; with the overlap V lags K by
     // one tile.
-    typename Tr::PipelineState state_k, state_v;  // stage 0, phase 0
-
     if constexpr (Tr::kIntraOverlap) {
       // Prologue: S of the last tile alone.
       pipeline_k.consumer_wait(state_k);
@@ -171,6 +178,7 @@ __device__ __forceinline__ void consume(const FwdParams& p, const FwdBlock& blk,
       pass_turn(true);
       warpgroup_wait_for<0>(acc_o, tOrP);
       pipeline_v.consumer_release(state_v);
+      ++state_v;  // the state goes on to the next tile (persistent)
     } else {
       // One tile at a time, each wgmma batch waited for in place.
       for (int n = blk.n_end - 1; n >= blk.n_begin; --n) {
@@ -197,31 +205,47 @@ __device__ __forceinline__ void consume(const FwdParams& p, const FwdBlock& blk,
 
   float lse[kRows];
   softmax.finish(o, scale_log2, 1.f, lse);
-  store_output<Tr>(p, blk, ss, acc_o, lse, ctid);
+  store_output<Tr>(p, ep, blk, ss, acc_o, lse, ctid);
 }
 
 // ---- the kernel --------------------------------------------------------------------------
-// grid (ceil(seqlen_q / kBlockM), heads_q, batch), kNThreads = 384 threads, one CTA per SM
-// (the register cap at entry that setmaxnreg needs). Two variants, picked at launch: plain
-// and kSoftcap (tanh's temporaries stay out of the plain kernel).
+// kNThreads threads (a producer warpgroup and two or three consumers), one CTA per SM (the
+// register cap at entry that setmaxnreg needs). Persistent: grid min(tiles, SMs), each CTA
+// taking tiles of kp.order as it frees up; else grid (ceil(seqlen_q / kBlockM), heads_q,
+// batch), one tile each. Two variants, picked at launch: plain and kSoftcap (tanh's
+// temporaries stay out of the plain kernel).
+//
+// Q's barrier completes one phase per tile the CTA serves (with Q's bytes, or with none for
+// a tile that sees no key), and a persistent CTA's producer publishes the tile's index in
+// shared memory before its arrival, then one last phase with index -1 (no tile left). The
+// consumers wait on every phase, so they never run ahead of the producer, and they arrive
+// on Q's empty barrier once per tile, so they are never two phases ahead of its waits.
 template <class Tr, bool kSoftcap>
 __global__ void __launch_bounds__(Tr::kNThreads, 1)
     fwd_kernel(const __grid_constant__ KernelParams<Tr> kp) {
   using PipelineKV = typename Tr::PipelineKV;
   const FwdParams& p = kp.p;
 
-  const FwdBlock blk = schedule<Tr>(p);
-  if (blk.rows <= 0) return;  // varlen: this sequence is shorter than the grid (whole CTA)
+  // The persistent order's tile t.
+  auto block_of = [&](int t) {
+    int b, h, m_block;
+    kp.order.tile(t, p.heads_q, b, h, m_block);
+    return cuda::fwd_block<Tr::kBlockM, Tr::kBlockN>(p, b, h, m_block);
+  };
 
   extern __shared__ __align__(1024) unsigned char smem[];
   auto& ss = *reinterpret_cast<typename Tr::SharedStorage*>(smem);
   const int warp_group = cutlass::canonical_warp_group_idx();
   const bool producer = warp_group == 0;
 
-  // Barriers: Q's (one arrival, the producer's, plus the bytes), and K's and V's rings
-  // (initialized by warp 0 inside the pipeline constructors, fenced there for the copy
-  // engine); the __syncthreads publishes them before anyone waits or copies.
-  if (threadIdx.x == 0) cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_q, 1);
+  // Barriers: Q's (one arrival, the producer's, plus the bytes), Q's buffer free again
+  // (every consumer thread, persistent only), and K's and V's rings (initialized by warp 0
+  // inside the pipeline constructors, fenced there for the copy engine); the __syncthreads
+  // publishes them before anyone waits or copies.
+  if (threadIdx.x == 0) {
+    cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_q, 1);
+    cutlass::arch::ClusterBarrier::init(&ss.barrier_q_empty, Tr::kNConsumerThreads);
+  }
   typename PipelineKV::Params pipe;
   pipe.transaction_bytes = Tr::kTmaBytesKV;
   pipe.role = producer ? PipelineKV::ThreadCategory::Producer
@@ -234,11 +258,70 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Tr::kProducerRegs>();
-    if (threadIdx.x == 0 && blk.n_end > blk.n_begin)
-      load<Tr>(kp.mainloop, p, blk, ss, pipeline_k, pipeline_v);
+    if (threadIdx.x != 0) return;
+    auto state_k = cutlass::make_producer_start_state<PipelineKV>();
+    auto state_v = state_k;
+    // One tile's loads; before_q() runs right before Q's copy (or arrival).
+    auto serve = [&](const FwdBlock& blk, auto&& before_q) {
+      if (blk.n_end > blk.n_begin) {
+        load<Tr>(kp.mainloop, p, blk, ss, pipeline_k, pipeline_v, state_k, state_v, before_q);
+      } else {
+        before_q();
+        cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q);  // no key: no Q either
+      }
+    };
+    if constexpr (Tr::kPersistent) {
+      int served = 0;
+      // Tile j's Q overwrites tile j − 1's Q and O, and its index the previous one: wait
+      // for phase j − 1 of the consumers' barrier.
+      auto wait_q_empty = [&] {
+        if (served > 0)
+          cutlass::arch::ClusterBarrier::wait(&ss.barrier_q_empty, (served - 1) & 1);
+      };
+      for (int t = int(blockIdx.x); t < kp.order.tiles();) {
+        // The next tile is taken before this one's copies go out, so that its round trip
+        // hides behind them. Taken after them (one register less through the loads) it was
+        // exposed on short tiles: 8x2048x16x128 causal measured 366 TFLOP/s against 482.
+        const int next = kp.tiles.take_next();
+        const FwdBlock blk = block_of(t);
+        if (blk.rows > 0) {  // varlen: a sequence shorter than the longest has no rows here
+          serve(blk, [&] {
+            wait_q_empty();
+            DynamicTiles::publish(&ss.tile, t);
+          });
+          ++served;
+        }
+        t = next;
+      }
+      wait_q_empty();
+      DynamicTiles::publish(&ss.tile, -1);
+      cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q);
+    } else {
+      const FwdBlock blk = schedule<Tr>(p);
+      if (blk.rows > 0) serve(blk, [] {});
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Tr::kConsumerRegs>();
-    consume<Tr, kSoftcap>(p, blk, ss, pipeline_k, pipeline_v, int(threadIdx.x) - 128);
+    typename Tr::PipelineState state_k, state_v;  // stage 0, phase 0
+    const int ctid = int(threadIdx.x) - 128;
+    if constexpr (Tr::kPersistent) {
+      for (int q_phase = 0;; q_phase ^= 1) {
+        cutlass::arch::ClusterBarrier::wait(&ss.barrier_q, q_phase);
+        const int t = DynamicTiles::read(&ss.tile);
+        if (t < 0) break;
+        consume<Tr, kSoftcap>(p, kp.epilogue, block_of(t), ss, pipeline_k, pipeline_v, state_k, state_v, ctid);
+        // This thread's reads and writes of Q's bytes (the epilogue stages O there) are
+        // done; the fence orders them before the copy engine's next write.
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::ClusterBarrier::arrive(&ss.barrier_q_empty);
+      }
+    } else {
+      const FwdBlock blk = schedule<Tr>(p);
+      if (blk.rows > 0) {
+        cutlass::arch::ClusterBarrier::wait(&ss.barrier_q, 0);
+        consume<Tr, kSoftcap>(p, kp.epilogue, blk, ss, pipeline_k, pipeline_v, state_k, state_v, ctid);
+      }
+    }
   }
 }
 
@@ -246,13 +329,13 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
 // The tensor maps. TMA wants every stride but the head dim's a multiple of 16 bytes
 // (supports() checks that) and nonzero; a mode of extent 1 is never stepped, so its stride
 // is free and gets a harmless 16 bytes.
-template <class Tr>
-typename Tr::GmemTensor gmem_tensor(const void* ptr, int rows, int64_t row_stride, int heads,
-                                    int64_t head_stride, int batch, int64_t batch_stride) {
-  using Element = typename Tr::Element;
+// Element: const for the loads (Q, K, V), mutable for the store (O).
+template <class Tr, class Element = typename Tr::Element const, class Ptr>
+auto gmem_tensor(Ptr* ptr, int rows, int64_t row_stride, int heads, int64_t head_stride,
+                 int batch, int64_t batch_stride) {
   constexpr int64_t k16Bytes = 16 / int64_t(sizeof(Element));
   auto fix = [](int extent, int64_t stride) { return extent == 1 ? k16Bytes : stride; };
-  return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
+  return make_tensor(make_gmem_ptr(static_cast<Element*>(ptr)),
                      make_layout(make_shape(rows, int(Tr::kHeadDim), heads, batch),
                                  make_stride(fix(rows, row_stride), _1{}, fix(heads, head_stride),
                                              fix(batch, batch_stride))));
@@ -267,6 +350,8 @@ Status launch_fwd(const FwdParams& p) {
   if (q_rows == 0) return {};  // no row to write
   auto q = gmem_tensor<Tr>(p.q, q_rows, p.q_row_stride, p.heads_q, p.q_head_stride, batch,
                            p.q_batch_stride);
+  auto o = gmem_tensor<Tr, typename Tr::Element>(p.out, q_rows, p.o_row_stride, p.heads_q,
+                                                p.o_head_stride, batch, p.o_batch_stride);
   // With no key at all no K/V copy is ever issued, but the maps must still be valid ones
   // (a tensor map has no empty extent): they then describe Q's memory.
   const bool no_keys = kv_rows == 0;
@@ -276,28 +361,57 @@ Status launch_fwd(const FwdParams& p) {
   auto v = no_keys ? q
                    : gmem_tensor<Tr>(p.v, kv_rows, p.v_row_stride, p.heads_kv, p.v_head_stride,
                                      batch, p.v_batch_stride);
+  // Grid: one CTA per tile, or (persistent) one per SM, at most one per tile.
+  const int m_blocks = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  dim3 grid(m_blocks, p.heads_q, p.batch);
+  TileOrder order;
+  DynamicTiles tiles{static_cast<int*>(p.workspace)};
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  if constexpr (Tr::kPersistent) {
+    int sms = 0;
+    FL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index));
+    const int64_t kv_bytes = int64_t(2) * p.seqlen_k * Tr::kHeadDim * int64_t(sizeof(typename Tr::Element));
+    order = TileOrder::make(m_blocks, p.batch, p.heads_q, p.group, kv_bytes);
+    grid = dim3(std::min(order.tiles(), sms));
+    FL_CUDA_CHECK(cudaMemsetAsync(tiles.counter, 0, sizeof(int), stream));
+  }
   const KernelParams<Tr> kp{
       p,
       {make_tma_copy(SM90_TMA_LOAD{}, q, typename Tr::SmemLayoutQ{}),
        make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Tr::SmemLayoutK{})),
        make_tma_copy(SM90_TMA_LOAD{}, v, take<0, 2>(typename Tr::SmemLayoutV{})), q_rows, batch,
-       kv_rows, batch}};
+       kv_rows, batch},
+      {make_tma_copy(SM90_TMA_STORE{}, o, typename Tr::SmemLayoutOWg{}), q_rows, batch},
+      order,
+      tiles};
 
   const auto kernel = fwd_kernel<Tr, kSoftcap>;
   FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      Tr::kSmemBytes));
-  const dim3 grid((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, p.heads_q, p.batch);
-  kernel<<<grid, Tr::kNThreads, Tr::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(kp);
+  kernel<<<grid, Tr::kNThreads, Tr::kSmemBytes, stream>>>(kp);
   FL_CUDA_CHECK_LAUNCH();
   return {};
 }
 
 // The per-(dtype, head dim) entry points that fwd_dispatch.cu calls (fwd_instance.h); each
 // instantiations/fwd_hdim*_*.cu file instantiates one.
+template <class Tr>
+Status launch_fwd(const FwdParams& p) {
+  return p.mask.softcap > 0.f ? launch_fwd<Tr, true>(p) : launch_fwd<Tr, false>(p);
+}
+
+// The persistent kernel runs where the tiles differ in length (a causal or local mask), one
+// CTA per tile elsewhere (FwdConfig: head dim 256 always): measured side by side
+// (docs/sm90/fwd.md), persistence gained up to 9% under a causal mask at head dims 64 and
+// 128 and lost up to 12% on the equal tiles of a non-causal one.
 template <DType kDtype, int kHeadDim, Schedule kSchedule>
 Status FwdInstance<kDtype, kHeadDim, kSchedule>::run(const FwdParams& p) {
   using Tr = typename FwdConfig<kDtype, kHeadDim, kSchedule>::Traits;
-  return p.mask.softcap > 0.f ? launch_fwd<Tr, true>(p) : launch_fwd<Tr, false>(p);
+  if constexpr (Tr::kPersistent) {
+    if (!p.mask.is_local())
+      return launch_fwd<typename FwdConfig<kDtype, kHeadDim, kSchedule, true>::Traits>(p);
+  }
+  return launch_fwd<Tr>(p);
 }
 template <DType kDtype, int kHeadDim, Schedule kSchedule>
 const void* FwdInstance<kDtype, kHeadDim, kSchedule>::kernel() {

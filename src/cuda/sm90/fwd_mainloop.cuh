@@ -1,8 +1,9 @@
 // Mainloop of the Hopper forward, both sides of the pipelines:
-//   producer  one thread of warpgroup 0: Q once, then K(n) and V(n) for every key tile, last
-//             to first, each a TMA copy into its ring stage completing on that stage's
-//             mbarrier (PipelineTmaAsync: the producer waits for the stage to be empty,
-//             arrives with the byte count it expects, the copy engine completes the phase)
+//   producer  one thread of warpgroup 0: per query tile, Q once and K(n) and V(n) for every
+//             key tile, last to first, each a TMA copy into its ring stage completing on
+//             that stage's mbarrier (PipelineTmaAsync: the producer waits for the stage to be
+//             empty, arrives with the byte count it expects, the copy engine completes the
+//             phase)
 //   consumer  the other warpgroups: S = Q Kᵀ and O += P V on wgmma, operands in shared memory
 //             (P in registers), releasing each stage once its wgmma has completed
 #pragma once
@@ -32,11 +33,16 @@ struct MainloopParams {
 // ---- producer --------------------------------------------------------------------------
 // Issued by one thread. The tiles are in TMA coordinates, so the rows past the end of the
 // tensor (a ragged last tile) arrive as zeros and still count toward the expected bytes.
-template <class Tr>
+// state_k, state_v: the rings' producer states, carried from tile to tile. before_q() runs
+// right before Q's copy: the persistent kernel waits there for the consumers to be done
+// with the previous tile's Q (and O) bytes, after the first K copy has gone out.
+template <class Tr, class BeforeQ>
 __device__ __forceinline__ void load(const MainloopParams<Tr>& mp, const FwdParams& p,
                                      const FwdBlock& blk, typename Tr::SharedStorage& ss,
                                      typename Tr::PipelineKV& pipeline_k,
-                                     typename Tr::PipelineKV& pipeline_v) {
+                                     typename Tr::PipelineKV& pipeline_v,
+                                     typename Tr::PipelineState& state_k,
+                                     typename Tr::PipelineState& state_v, BeforeQ&& before_q) {
   using BlkM = typename Tr::BlkM;
   using BlkN = typename Tr::BlkN;
   using HeadDim = typename Tr::HeadDim;
@@ -67,14 +73,14 @@ __device__ __forceinline__ void load(const MainloopParams<Tr>& mp, const FwdPara
   auto [tVgV, tVsV] = tma_partition(mp.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                     group_modes<0, 2>(gV));  // (TMA, n), (TMA, STAGES)
 
-  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.barrier_q, Tr::kTmaBytesQ);
-  copy(mp.tma_q.with(ss.barrier_q), tQgQ, tQsQ);
+  auto load_q = [&] {
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.barrier_q, Tr::kTmaBytesQ);
+    copy(mp.tma_q.with(ss.barrier_q), tQgQ, tQsQ);
+  };
 
   // The copies go out in the order the consumers use them: with the intra-warpgroup overlap
   // K(n) is consumed together with V(n + 1), so K runs one tile ahead of V here too and a
   // K copy never waits behind a V stage that is still being read.
-  auto state_k = cutlass::make_producer_start_state<typename Tr::PipelineKV>();
-  auto state_v = state_k;
   auto load_k = [&](int n) {
     pipeline_k.producer_acquire(state_k);  // stage empty; expects kTmaBytesKV on its barrier
     copy(mp.tma_k.with(*pipeline_k.producer_get_barrier(state_k)), tKgK(_, n),
@@ -87,15 +93,24 @@ __device__ __forceinline__ void load(const MainloopParams<Tr>& mp, const FwdPara
          tVsV(_, state_v.index()));
     ++state_v;
   };
-  if constexpr (Tr::kIntraOverlap) {
+  if constexpr (Tr::kPersistent) {
     load_k(blk.n_end - 1);
+    before_q();
+    load_q();
+  } else {
+    before_q();
+    load_q();
+    load_k(blk.n_end - 1);
+  }
+  if constexpr (Tr::kIntraOverlap) {
     for (int n = blk.n_end - 2; n >= blk.n_begin; --n) {
       load_k(n);
       load_v(n + 1);
     }
     load_v(blk.n_begin);
   } else {
-    for (int n = blk.n_end - 1; n >= blk.n_begin; --n) {
+    load_v(blk.n_end - 1);
+    for (int n = blk.n_end - 2; n >= blk.n_begin; --n) {
       load_k(n);
       load_v(n);
     }

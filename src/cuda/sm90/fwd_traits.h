@@ -28,7 +28,7 @@ using cute::Tensor;  // not flashlab::Tensor (the public API's view)
 using cuda::ElementFor;  // cuda/cute_common.cuh
 
 template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, int kNConsumerWarpgroups_ = 2,
-          bool kPingpong_ = true, bool kIntraOverlap_ = true>
+          bool kPingpong_ = true, bool kIntraOverlap_ = true, bool kPersistent_ = true>
 struct FwdTraits {
   using Element = Element_;
   static_assert(sizeof(Element) == 2, "the wgmma path here takes 16-bit inputs");
@@ -57,6 +57,10 @@ struct FwdTraits {
   // Intra-warpgroup overlap: S(n) = Q K(n)ᵀ and O += P(n+1) V(n+1) are issued together, and
   // the softmax of S(n) runs while P V is still on the tensor cores.
   static constexpr bool kIntraOverlap = kIntraOverlap_;
+  // Persistent: one CTA per SM takes tiles of one order as it frees up (fwd_scheduler.cuh's
+  // TileOrder and DynamicTiles); Q's buffer is handed back to the producer after each
+  // tile's epilogue.
+  static constexpr bool kPersistent = kPersistent_;
 
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = 64 * kNConsumerWarpgroups;  // query rows per CTA
@@ -116,8 +120,14 @@ struct FwdTraits {
   using PipelineState = typename PipelineKV::PipelineState;
 
   // ---- shared → global: the O epilogue ------------------------------------------------------
-  // Each consumer warpgroup writes its 64 rows: 16-byte chunks, kHeadDim / 8 consecutive
-  // threads per row, rows past the sequence skipped.
+  // Each consumer warpgroup stores its 64 rows of O, staged in its rows of Q's buffer: one
+  // TMA store of a (64, D) box (the copy engine clips rows past the tensor), or, where the
+  // next packed sequence follows (varlen, a partial tile), 16-byte stores by the threads,
+  // kHeadDim / 8 consecutive threads per row, rows past the sequence skipped.
+  using GmemTensorO = decltype(make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)),
+                                           GmemLayout{}));
+  using SmemLayoutOWg = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<_64, HeadDim>{}));  // (64, D)
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{}, GmemTensorO{}, SmemLayoutOWg{}));
   static constexpr int kGmemThreadsPerRow = kHeadDim / 8;
   static_assert(128 % kGmemThreadsPerRow == 0, "a warpgroup covers whole rows");
   using GmemTiledCopyO = decltype(make_tiled_copy(
@@ -134,7 +144,11 @@ struct FwdTraits {
     cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
-    uint64_t barrier_q;  // mbarrier: Q has landed (one phase per CTA)
+    uint64_t barrier_q;        // mbarrier: Q has landed (one phase per tile; no copy for a
+                               // tile with no key)
+    uint64_t barrier_q_empty;  // mbarrier: the consumers are done with Q's (and O's) bytes,
+                               // one phase per tile (persistent only)
+    int tile;                  // the tile the producer took (persistent only; -1: none left)
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
@@ -152,7 +166,9 @@ struct FwdTraits {
 // tiles at head dim 128 (176, FlashAttention-3's; 176-wide wgmmas need
 // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, else CuTe picks 16-wide ones) on two stages
 // measured level at 8k-16k and 7% slower at 4k than 128 on three (docs/sm90/fwd.md).
-template <DType kDtype, int kHeadDim, Schedule kSchedule = Schedule::kFull>
+// kOnePerTile: the one-CTA-per-tile kernel of a persistent schedule (FwdInstance::run picks
+// it for masks that leave every tile the same length).
+template <DType kDtype, int kHeadDim, Schedule kSchedule = Schedule::kFull, bool kOnePerTile = false>
 struct FwdConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
                 "no tile shape for this head dim");
@@ -161,10 +177,14 @@ struct FwdConfig {
   // with two).
   static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
   static constexpr int kConsumers = kHeadDim == 64 ? 3 : 2;
-  static constexpr bool kPingpong = kSchedule == Schedule::kFull || kSchedule == Schedule::kNoOverlap;
-  static constexpr bool kOverlap = kSchedule == Schedule::kFull || kSchedule == Schedule::kNoPingpong;
+  static constexpr bool kPingpong = kSchedule != Schedule::kNoPingpong && kSchedule != Schedule::kSerial;
+  static constexpr bool kOverlap = kSchedule != Schedule::kNoOverlap && kSchedule != Schedule::kSerial;
+  // Persistent only at head dims 64 and 128: at 256 it measured slower under a causal mask
+  // too (docs/sm90/fwd.md).
+  static constexpr bool kPersistent =
+      kSchedule != Schedule::kNoPersistent && !kOnePerTile && kHeadDim <= 128;
   using Traits = FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, kBlockN, kStages,
-                           kConsumers, kPingpong, kOverlap>;
+                           kConsumers, kPingpong, kOverlap, kPersistent>;
 };
 
 }  // namespace flashlab::sm90

@@ -51,7 +51,8 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
           varlen(dt, {33, 1, 190}, {80, 9, 190}, 2, 1, d).window(17, 4).cap(20.f));
       add(t + hd + "padded_strides", dense(dt, 2, 90, 110, 4, 2, d).padded({1, 3, 1, pad16}));
       add(t + hd + "seqlen17", dense(dt, 2, 17, 17, 4, 4, d));
-      // More query tiles than an H100 has SMs: a persistent kernel serves two or three per CTA.
+      // More query tiles than an H100 has SMs: a persistent kernel (cute_fa3's, under causal
+      // and local masks at head dims 64 and 128) serves two or three per CTA.
       add(t + hd + "many_tiles", dense(dt, 2, 384, 384, 48, 8, d));
       add(t + hd + "many_tiles_causal", dense(dt, 2, 384, 384, 48, 8, d).make_causal());
       // Most query tiles see no key (bottom-right causal, seqlen_q > seqlen_k), in runs.
@@ -60,6 +61,8 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
       // its others.
       add(t + hd + "many_tiles_varlen",
           varlen(dt, {5, 0, 700, 1, 0, 300}, {7, 3, 0, 700, 0, 300}, 48, 8, d).make_causal());
+      add(t + hd + "many_tiles_window_softcap",
+          dense(dt, 1, 384, 384, 96, 8, d).window(100, 0).cap(30.f));
       add(t + hd + "window_128_0", dense(dt, 1, 300, 300, 2, 1, d).window(128, 0));
       add(t + hd + "dropout_causal_gqa",
           dense(dt, 2, 200, 200, 4, 2, d).make_causal().drop(0.17f, 0x5eed + d));

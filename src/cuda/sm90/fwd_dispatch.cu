@@ -6,6 +6,7 @@
 // Structure: fwd_traits.h (every compile-time choice), fwd_scheduler.cuh, fwd_mainloop.cuh,
 // fwd_softmax.cuh, fwd_epilogue.cuh, fwd_kernel.cuh (the kernel and its launch),
 // docs/sm90/fwd.md (the design and the numbers).
+#include <climits>
 #include <cstdint>
 #include <string>
 
@@ -79,6 +80,11 @@ std::string supports_with(const FwdParams& p, Instance (*pick)(const FwdParams&)
     return "softmax_scale must be >= 0 without softcap, got " + std::to_string(p.scale);
   if (p.heads_q > 65535) return "heads_q must be <= 65535 (grid y)";
   if (p.batch > 65535) return "batch must be <= 65535 (grid z)";
+  // The persistent scheduler numbers the tiles with an int (query blocks of at least 128
+  // rows; varlen: seqlen_q is max_seqlen_q, the caller's bound).
+  if ((int64_t(p.seqlen_q) + 127) / 128 * int64_t(p.heads_q) * p.batch > INT32_MAX)
+    return "ceil(seqlen_q / 128) * heads_q * batch must be < 2^31 (the query tile count; "
+           "varlen: seqlen_q is max_seqlen_q)";
 
   const int eb = p.dtype == DType::kF16 || p.dtype == DType::kBF16 ? 2 : 4;
   const int64_t q_rows = p.varlen ? p.total_q : p.seqlen_q;
@@ -125,7 +131,9 @@ Status run(const FwdParams& p) {
   return instance_for(p).run(p);
 }
 
-// The persistent kernels' tile counter (fwd_scheduler.cuh's DynamicTiles), zeroed by run().
+// The persistent kernels' tile counter (fwd_scheduler.cuh's DynamicTiles), zeroed on the
+// stream before each persistent launch. Asked for by every call, so that the size does not
+// depend on which schedule the mask picks.
 size_t workspace(const FwdParams&) { return 16; }
 
 // The schedule ablations: bf16, head dim 128 only.

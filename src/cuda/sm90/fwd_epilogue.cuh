@@ -31,7 +31,9 @@ struct EpilogueParams {
 // acc_o (MMA, MMA_M, MMA_D): this thread's O accumulator, already divided by ℓ; lse: its rows'
 // LSE. ctid: the thread's index among the consumers (0 .. kNConsumerThreads − 1);
 // wg = ctid / 128.
-// On return this warpgroup's reads of Q's buffer are done, the copy engine's included.
+// On return this thread's reads and writes of Q's buffer are done; the thread that issued
+// the TMA store (ctid % 128 == 0) has also waited for the copy engine's read of the staged
+// rows, so once every thread of the warpgroup has returned the buffer is free.
 template <class Tr, class AccO, int kRows>
 __device__ __forceinline__ void store_output(const FwdParams& p, const EpilogueParams<Tr>& ep,
                                              const FwdBlock& blk, typename Tr::SharedStorage& ss,

@@ -25,6 +25,9 @@
 // sweep and what each technique adds.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -362,12 +365,16 @@ Status launch_fwd(const FwdParams& p) {
                    : gmem_tensor<Tr>(p.v, kv_rows, p.v_row_stride, p.heads_kv, p.v_head_stride,
                                      batch, p.v_batch_stride);
   // Grid: one CTA per tile, or (persistent) one per SM, at most one per tile.
-  const int m_blocks = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  // supports() keeps m_blocks · heads_q · batch, the tile count, an int.
+  const int m_blocks = int((int64_t(p.seqlen_q) + Tr::kBlockM - 1) / Tr::kBlockM);
   dim3 grid(m_blocks, p.heads_q, p.batch);
   TileOrder order;
   DynamicTiles tiles{static_cast<int*>(p.workspace)};
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if constexpr (Tr::kPersistent) {
+    if (reinterpret_cast<uintptr_t>(p.workspace) % alignof(int) != 0)
+      return {StatusCode::kInvalidArgument,
+              "workspace must be 4-byte aligned (cute_fa3 keeps its tile counter there)"};
     int sms = 0;
     FL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index));
     const int64_t kv_bytes = int64_t(2) * p.seqlen_k * Tr::kHeadDim * int64_t(sizeof(typename Tr::Element));
@@ -402,8 +409,10 @@ Status launch_fwd(const FwdParams& p) {
 
 // The persistent kernel runs where the tiles differ in length (a causal or local mask), one
 // CTA per tile elsewhere (FwdConfig: head dim 256 always): measured side by side
-// (docs/sm90/fwd.md), persistence gained up to 9% under a causal mask at head dims 64 and
-// 128 and lost up to 12% on the equal tiles of a non-causal one.
+// (docs/sm90/fwd.md), persistence gained 2-9% under a causal mask at head dim 64 and 3-5%
+// at head dim 128 from 2k to 8k in same-process A/Bs (the peer benchmark of the final code
+// did not resolve the head dim 128 gain), and lost up to 12% on the equal tiles of a
+// non-causal mask.
 template <DType kDtype, int kHeadDim, Schedule kSchedule>
 Status FwdInstance<kDtype, kHeadDim, kSchedule>::run(const FwdParams& p) {
   using Tr = typename FwdConfig<kDtype, kHeadDim, kSchedule>::Traits;

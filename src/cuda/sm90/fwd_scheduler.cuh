@@ -36,8 +36,8 @@ __device__ __forceinline__ FwdBlock schedule(const FwdParams& p) {
 // The tiles are handed out dynamically (DynamicTiles): CTA c starts with tile c, and a CTA
 // that finishes takes the next tile of the order not yet taken, so the longest tiles go
 // first and the short ones fill the gaps at the end (longest-processing-time-first). A
-// fixed deal (tile c, c + G, ...) was measured first: under a causal mask it hands some
-// CTAs far more work than others (docs/sm90/fwd.md).
+// fixed deal (round-robin; then a snake, c, 2G − 1 − c, 2G + c, ...) was measured first:
+// under a causal mask it hands some CTAs far more work than others (docs/sm90/fwd.md).
 struct TileOrder {
   static constexpr int64_t kL2Bytes = int64_t(32) << 20;  // of the H100's 50 MiB
   int m_blocks = 0;  // query blocks per (batch, head): ceil(seqlen_q / kBlockM)

@@ -312,7 +312,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
         cutlass::arch::ClusterBarrier::wait(&ss.barrier_q, q_phase);
         const int t = DynamicTiles::read(&ss.tile);
         if (t < 0) break;
-        consume<Tr, kSoftcap>(p, kp.epilogue, block_of(t), ss, pipeline_k, pipeline_v, state_k, state_v, ctid);
+        consume<Tr, kSoftcap>(p, kp.epilogue, block_of(t), ss, pipeline_k, pipeline_v, state_k,
+                              state_v, ctid);
         // This thread's reads and writes of Q's bytes (the epilogue stages O there) are
         // done; the fence orders them before the copy engine's next write.
         cutlass::arch::fence_view_async_shared();
@@ -322,7 +323,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
       const FwdBlock blk = schedule<Tr>(p);
       if (blk.rows > 0) {
         cutlass::arch::ClusterBarrier::wait(&ss.barrier_q, 0);
-        consume<Tr, kSoftcap>(p, kp.epilogue, blk, ss, pipeline_k, pipeline_v, state_k, state_v, ctid);
+        consume<Tr, kSoftcap>(p, kp.epilogue, blk, ss, pipeline_k, pipeline_v, state_k, state_v,
+                              ctid);
       }
     }
   }

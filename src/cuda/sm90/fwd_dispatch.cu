@@ -175,46 +175,44 @@ KernelEntry cute_fa3_fwd_entry() {
   return e;
 }
 
+namespace {
+// One schedule ablation of cute_fa3 (bf16 head dim 128 only; never auto's pick).
+template <sm90::Schedule kSchedule>
+KernelEntry ablation_entry(const char* name, const char* description) {
+  KernelEntry e;
+  e.info = {name, "sm90a", description, true, false};
+  e.supports_fwd = sm90::supports_ablation<kSchedule>;
+  e.run_fwd = sm90::run_ablation<kSchedule>;
+  e.workspace_fwd = sm90::workspace;
+  e.auto_priority = 0;
+  return e;
+}
+}  // namespace
+
 KernelEntry cute_fa3_ablation_entry(int which) {
   using sm90::Schedule;
-  KernelEntry e;
   switch (which) {
     case 0:
-      e.info = {"cute_fa3_no_pingpong", "sm90a",
-                "cute_fa3 without pingpong (both consumer warpgroups issue their wgmma at "
-                "will); bf16 head dim 128 only, to measure what pingpong adds",
-                true, false};
-      e.supports_fwd = sm90::supports_ablation<Schedule::kNoPingpong>;
-      e.run_fwd = sm90::run_ablation<Schedule::kNoPingpong>;
-      break;
+      return ablation_entry<Schedule::kNoPingpong>(
+          "cute_fa3_no_pingpong",
+          "cute_fa3 without pingpong (both consumer warpgroups issue their wgmma at will); "
+          "bf16 head dim 128 only, to measure what pingpong adds");
     case 1:
-      e.info = {"cute_fa3_no_overlap", "sm90a",
-                "cute_fa3 without the intra-warpgroup overlap (each wgmma batch waited for "
-                "in place, pingpong kept); bf16 head dim 128 only",
-                true, false};
-      e.supports_fwd = sm90::supports_ablation<Schedule::kNoOverlap>;
-      e.run_fwd = sm90::run_ablation<Schedule::kNoOverlap>;
-      break;
+      return ablation_entry<Schedule::kNoOverlap>(
+          "cute_fa3_no_overlap",
+          "cute_fa3 without the intra-warpgroup overlap (each wgmma batch waited for in "
+          "place, pingpong kept); bf16 head dim 128 only");
     case 2:
-      e.info = {"cute_fa3_serial", "sm90a",
-                "cute_fa3 with neither pingpong nor the intra-warpgroup overlap: warp "
-                "specialization, TMA and wgmma alone; bf16 head dim 128 only",
-                true, false};
-      e.supports_fwd = sm90::supports_ablation<Schedule::kSerial>;
-      e.run_fwd = sm90::run_ablation<Schedule::kSerial>;
-      break;
+      return ablation_entry<Schedule::kSerial>(
+          "cute_fa3_serial",
+          "cute_fa3 with neither pingpong nor the intra-warpgroup overlap: warp "
+          "specialization, TMA and wgmma alone; bf16 head dim 128 only");
     default:
-      e.info = {"cute_fa3_no_persistent", "sm90a",
-                "cute_fa3 without the persistent tile scheduler (one CTA per query tile); "
-                "bf16 head dim 128 only",
-                true, false};
-      e.supports_fwd = sm90::supports_ablation<Schedule::kNoPersistent>;
-      e.run_fwd = sm90::run_ablation<Schedule::kNoPersistent>;
-      break;
+      return ablation_entry<Schedule::kNoPersistent>(
+          "cute_fa3_no_persistent",
+          "cute_fa3 without the persistent tile scheduler (one CTA per query tile); bf16 "
+          "head dim 128 only");
   }
-  e.workspace_fwd = sm90::workspace;
-  e.auto_priority = 0;  // never auto's pick
-  return e;
 }
 
 }  // namespace flashlab

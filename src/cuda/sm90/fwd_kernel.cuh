@@ -155,33 +155,52 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
       pipeline_k.consumer_release(state_k);
       ++state_k;
       softmax_step(blk.n_end - 1);  // O is still 0: nothing to rescale
-      round_into(acc_s, rP);
-      // Steady state: S(n) and O += P(n+1) V(n+1) in one turn; S(n)'s softmax while P V runs.
+      auto release_v = [&] {
+        pipeline_v.consumer_release(state_v);
+        ++state_v;  // the state goes on to the next tile (persistent)
+      };
+      // Steady state: S(n) and O += P(n+1) V(n+1) issued in one turn. Where the wait for
+      // P V goes is Tr::kSoftmaxUnderPv. Under P V, the loop is rotated so that the wait
+      // opens the next iteration: ptxas schedules within a basic block and hoists a wgmma
+      // wait to the top of its block, so a wait written after the softmax in the same block
+      // ran before it (CUDA 13.0: WARPGROUP.DEPBAR right after the mask's join).
       for (int n = blk.n_end - 2; n >= blk.n_begin; --n) {
+        if constexpr (Tr::kSoftmaxUnderPv) {
+          warpgroup_wait_for<0>(acc_o, tOrP);  // P(n+2) V(n+2); none in the first iteration
+          if (n != blk.n_end - 2) release_v();
+        }
+        OnlineSoftmax<kRows>::rescale_o(o, rescale);  // O into S(n+1)'s max
+        round_into(acc_s, rP);                        // P(n+1)
         pipeline_k.consumer_wait(state_k);
         pipeline_v.consumer_wait(state_v);
         take_turn();
         warpgroup_gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s);
         warpgroup_gemm_issue<false>(mma_pv, tOrP, tOrV(_, _, _, state_v.index()), acc_o);
         pass_turn(false);
-        warpgroup_wait_for<1>(acc_s);  // S(n) is done, P V may still run
+        if constexpr (Tr::kSoftmaxUnderPv) {
+          warpgroup_wait_for<1>(acc_s);  // S(n) is done; P V runs on under the softmax
+        } else {
+          warpgroup_wait_for<0>(acc_o, tOrP);  // both done
+          warpgroup_fence_operand(acc_s);
+          release_v();
+        }
         pipeline_k.consumer_release(state_k);
         ++state_k;
         softmax_step(n);
-        warpgroup_wait_for<0>(acc_o, tOrP);
-        pipeline_v.consumer_release(state_v);
-        ++state_v;
-        OnlineSoftmax<kRows>::rescale_o(o, rescale);  // O into S(n)'s max, after P(n+1) V
-        round_into(acc_s, rP);
       }
       // Epilogue of the loop: P V of the first tile.
+      if constexpr (Tr::kSoftmaxUnderPv) {
+        warpgroup_wait_for<0>(acc_o, tOrP);
+        if (blk.n_end - blk.n_begin > 1) release_v();
+      }
+      OnlineSoftmax<kRows>::rescale_o(o, rescale);
+      round_into(acc_s, rP);
       pipeline_v.consumer_wait(state_v);
       take_turn();
       warpgroup_gemm_issue<false>(mma_pv, tOrP, tOrV(_, _, _, state_v.index()), acc_o);
       pass_turn(true);
       warpgroup_wait_for<0>(acc_o, tOrP);
-      pipeline_v.consumer_release(state_v);
-      ++state_v;  // the state goes on to the next tile (persistent)
+      release_v();
     } else {
       // One tile at a time, each wgmma batch waited for in place.
       for (int n = blk.n_end - 1; n >= blk.n_begin; --n) {

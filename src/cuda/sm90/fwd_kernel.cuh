@@ -18,11 +18,12 @@
 // The consumers' schedule has two switches in the traits, each measured by turning it off
 // (docs/sm90/fwd.md): pingpong (the two warpgroups take turns on the tensor cores, so one's
 // softmax hides under the other's GEMMs) and the intra-warpgroup overlap (S of the next tile
-// is issued with P V of this one, and its softmax runs while P V is still in flight).
+// is issued with P V of this one, and at head dims 128 and 256 its softmax runs while P V is
+// still in flight: kSoftmaxUnderPv, which needs the loop rotated past ptxas, see consume).
 // A third switch, kPersistent, picks the persistent tile scheduler (fwd_scheduler.cuh).
-// Measured on H100 (bf16, one process, session 11): 4x4096x16x128 636 TFLOP/s, 1.05x cuDNN
-// (causal 549, 0.98x); head dim 64 at 16k 1.07x (causal 1.06x). docs/sm90/fwd.md has the
-// sweep and what each technique adds.
+// Measured on H100 (bf16, one process, session 12): 2x8192x16x128 627 TFLOP/s, 1.00x cuDNN
+// (causal 587, 1.03x); 2x8192x8x256 752, 1.13x; head dim 64 at 16k 1.19x (causal 1.03x).
+// docs/sm90/fwd.md has the sweep and what each technique adds.
 #pragma once
 
 #include <algorithm>
@@ -431,9 +432,10 @@ Status launch_fwd(const FwdParams& p) {
 // The persistent kernel runs where the tiles differ in length (a causal or local mask), one
 // CTA per tile elsewhere (FwdConfig: head dim 256 always): measured side by side
 // (docs/sm90/fwd.md), persistence gained 2-9% under a causal mask at head dim 64 and 3-5%
-// at head dim 128 from 2k to 8k in same-process A/Bs (the peer benchmark of the final code
-// did not resolve the head dim 128 gain), and lost up to 12% on the equal tiles of a
-// non-causal mask.
+// at head dim 128 from 2k to 8k in session 11's same-process A/Bs, but session 12's A/B of
+// that final code found head dim 128 causal level at 4k and 8k and 5% slower at 16k (not
+// re-measured since the softmax went under P V). On equal tiles (no mask) it lost up to 12%
+// at head dim 256, 7% at 64, and was level at 128.
 template <DType kDtype, int kHeadDim, Schedule kSchedule>
 Status FwdInstance<kDtype, kHeadDim, kSchedule>::run(const FwdParams& p) {
   using Tr = typename FwdConfig<kDtype, kHeadDim, kSchedule>::Traits;

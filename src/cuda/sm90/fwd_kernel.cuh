@@ -155,16 +155,17 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
       warpgroup_wait_for<0>(acc_s);
       pipeline_k.consumer_release(state_k);
       ++state_k;
-      softmax_step(blk.n_end - 1);  // O is still 0: nothing to rescale
+      softmax_step(blk.n_end - 1);  // O is still 0, so its first rescale changes nothing
       auto release_v = [&] {
         pipeline_v.consumer_release(state_v);
         ++state_v;  // the state goes on to the next tile (persistent)
       };
       // Steady state: S(n) and O += P(n+1) V(n+1) issued in one turn. Where the wait for
       // P V goes is Tr::kSoftmaxUnderPv. Under P V, the loop is rotated so that the wait
-      // opens the next iteration: ptxas schedules within a basic block and hoists a wgmma
-      // wait to the top of its block, so a wait written after the softmax in the same block
-      // ran before it (CUDA 13.0: WARPGROUP.DEPBAR right after the mask's join).
+      // opens the next iteration: ptxas schedules within a basic block, and a wait written
+      // after the softmax in the same block was moved up to the block's top, before the
+      // softmax (CUDA 13.0: WARPGROUP.DEPBAR right after the mask's join). Written at the
+      // top of the next iteration, past the back edge, the wait stays there (the SASS).
       for (int n = blk.n_end - 2; n >= blk.n_begin; --n) {
         if constexpr (Tr::kSoftmaxUnderPv) {
           warpgroup_wait_for<0>(acc_o, tOrP);  // P(n+2) V(n+2); none in the first iteration

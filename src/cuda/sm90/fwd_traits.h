@@ -188,10 +188,10 @@ struct FwdConfig {
   // too (docs/sm90/fwd.md).
   static constexpr bool kPersistent =
       kSchedule != Schedule::kNoPersistent && !kOnePerTile && kHeadDim <= 128;
-  // The softmax under P V, measured against the softmax after it (same process, session
-  // 12, docs/sm90/fwd.md): +13-17% at head dim 256, +1.5-3.5% under causal masks at 128
-  // (level without a mask), and 5.5-8% slower at 64 (three consumer warpgroups, the exp
-  // unit the busiest pipe; why it loses there was not looked into).
+  // The softmax under P V, measured against the softmax after P V has completed (same
+  // process, session 12, docs/sm90/fwd.md): +13-17% at head dim 256, +1.5-3.6% under causal
+  // masks at 128 (level without a mask), and 5.5-8% slower at 64 (three consumer
+  // warpgroups, the exp unit the busiest pipe; why it loses there was not looked into).
   static constexpr bool kSoftmaxUnderPv = kHeadDim >= 128;
   using Traits = FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, kBlockN, kStages,
                            kConsumers, kPingpong, kOverlap, kPersistent, kSoftmaxUnderPv>;

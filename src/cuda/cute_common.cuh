@@ -110,13 +110,37 @@ struct OnlineSoftmax {
   // stays below 2^kLazyLog2 = 256, harmless for a bf16/fp16 P and for ℓ and O in fp32, and
   // the O rescale, one FMUL per accumulator, is skipped (rescale = 1) on most tiles.
   static constexpr float kLazyLog2 = 8.f;
-  template <class S>
+
+  // v[0] = max of v[0, kN), kN a power of two, by halving (a template, so that every index
+  // is a constant and v stays in registers; a loop over the halving width put it in local
+  // memory).
+  template <int kN>
+  __device__ __forceinline__ static void tree_max(float* v) {
+    static_assert(kN >= 1 && (kN & (kN - 1)) == 0, "a power of two");
+    if constexpr (kN > 1) {
+      CUTE_UNROLL
+      for (int c = 0; c < kN / 2; ++c) v[c] = fmaxf(v[c], v[c + kN / 2]);
+      tree_max<kN / 2>(v);
+    }
+  }
+  // kTreeMax: the row max as a tree of pairwise maxima (depth log2 cols) instead of one
+  // chain of cols dependent FMNMX; the Hopper forward takes it (docs/sm90/fwd.md).
+  template <bool kTreeMax = false, class S>
   __device__ __forceinline__ void update(S& s, float scale_log2, float (&rescale)[kRows]) {
     CUTE_UNROLL
     for (int r = 0; r < cute::size<0>(s); ++r) {
       float m = row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(s); ++c) m = fmaxf(m, s(r, c));
+      if constexpr (kTreeMax) {
+        constexpr int kCols = decltype(cute::size<1>(s))::value;
+        float v[kCols];
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) v[c] = s(r, c);
+        tree_max<kCols>(v);
+        m = fmaxf(m, v[0]);
+      } else {
+        CUTE_UNROLL
+        for (int c = 0; c < cute::size<1>(s); ++c) m = fmaxf(m, s(r, c));
+      }
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       // The quad agrees on m, so on this branch. A row that has seen no key yet keeps

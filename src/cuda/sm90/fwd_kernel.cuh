@@ -141,7 +141,7 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
       if (j0 + Tr::kBlockN > len_k ||
           !mask.tile_is_full(blk.i0, blk.i0 + blk.rows, j0, j0 + Tr::kBlockN, len_q, len_k))
         apply_mask(s, tScS_rc, mask, blk.i0, j0, len_q, len_k);
-      softmax.update(s, scale_log2, rescale);
+      softmax.template update</*kTreeMax=*/true>(s, scale_log2, rescale);
     };
 
     // K and V advance through their rings in the same order; with the overlap V lags K by
@@ -166,6 +166,11 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
       // after the softmax in the same block was moved up to the block's top, before the
       // softmax (CUDA 13.0: WARPGROUP.DEPBAR right after the mask's join). Written at the
       // top of the next iteration, past the back edge, the wait stays there (the SASS).
+      // With Tr::kPollKvEarly, the barriers of the next turn's K and V tiles are tested
+      // (without blocking) before the softmax; a tile found landed is then not waited for
+      // again, so the barrier's round trip runs under the softmax instead of before the turn.
+      cutlass::ConsumerToken k_landed{cutlass::BarrierStatus::WaitAgain};
+      cutlass::ConsumerToken v_landed{cutlass::BarrierStatus::WaitAgain};
       for (int n = blk.n_end - 2; n >= blk.n_begin; --n) {
         if constexpr (Tr::kSoftmaxUnderPv) {
           warpgroup_wait_for<0>(acc_o, tOrP);  // P(n+2) V(n+2); none in the first iteration
@@ -173,8 +178,8 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
         }
         OnlineSoftmax<kRows>::rescale_o(o, rescale);  // O into S(n+1)'s max
         round_into(acc_s, rP);                        // P(n+1)
-        pipeline_k.consumer_wait(state_k);
-        pipeline_v.consumer_wait(state_v);
+        pipeline_k.consumer_wait(state_k, k_landed);  // K(n)
+        pipeline_v.consumer_wait(state_v, v_landed);  // V(n+1)
         take_turn();
         warpgroup_gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s);
         warpgroup_gemm_issue<false>(mma_pv, tOrP, tOrV(_, _, _, state_v.index()), acc_o);
@@ -188,6 +193,12 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
         }
         pipeline_k.consumer_release(state_k);
         ++state_k;
+        if constexpr (Tr::kPollKvEarly) {
+          k_landed = pipeline_k.consumer_test_wait(state_k);  // K(n-1)
+          auto next_v = state_v;
+          ++next_v;
+          v_landed = pipeline_v.consumer_test_wait(next_v);  // V(n)
+        }
         softmax_step(n);
       }
       // Epilogue of the loop: P V of the first tile.

@@ -29,7 +29,7 @@ using cuda::ElementFor;  // cuda/cute_common.cuh
 
 template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, int kNConsumerWarpgroups_ = 2,
           bool kPingpong_ = true, bool kIntraOverlap_ = true, bool kPersistent_ = true,
-          bool kSoftmaxUnderPv_ = true>
+          bool kSoftmaxUnderPv_ = true, bool kPollKvEarly_ = false>
 struct FwdTraits {
   using Element = Element_;
   static_assert(sizeof(Element) == 2, "the wgmma path here takes 16-bit inputs");
@@ -62,6 +62,10 @@ struct FwdTraits {
   // runs while P V is still on the tensor cores (true), or before it, so that the softmax
   // has the issue slots and the exp unit to itself (false). FwdConfig picks per head dim.
   static constexpr bool kSoftmaxUnderPv = kSoftmaxUnderPv_;
+  // With the overlap: test the next turn's K and V barriers (mbarrier.test_wait, which does
+  // not block) before the softmax, so that the turn finds them landed without waiting on a
+  // barrier read (fwd_kernel.cuh's consume). FwdConfig picks per head dim.
+  static constexpr bool kPollKvEarly = kPollKvEarly_;
   // Persistent: one CTA per SM takes tiles of one order as it frees up (fwd_scheduler.cuh's
   // TileOrder and DynamicTiles); Q's buffer is handed back to the producer after each
   // tile's epilogue.
@@ -193,8 +197,13 @@ struct FwdConfig {
   // masks at 128 (level without a mask), and 5.5-8% slower at 64 (three consumer
   // warpgroups, the exp unit the busiest pipe; why it loses there was not looked into).
   static constexpr bool kSoftmaxUnderPv = kHeadDim >= 128;
+  // The early K/V test, measured together with the tree row max against neither (same process,
+  // session 13, docs/sm90/fwd.md): +5-13% at head dim 128 without a mask, level under a
+  // causal mask; at head dim 64, 1-6% slower under a causal mask, so only at 128.
+  static constexpr bool kPollKvEarly = kHeadDim == 128;
   using Traits = FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, kBlockN, kStages,
-                           kConsumers, kPingpong, kOverlap, kPersistent, kSoftmaxUnderPv>;
+                           kConsumers, kPingpong, kOverlap, kPersistent, kSoftmaxUnderPv,
+                           kPollKvEarly>;
 };
 
 }  // namespace flashlab::sm90

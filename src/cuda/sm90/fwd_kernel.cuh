@@ -21,9 +21,12 @@
 // is issued with P V of this one, and at head dims 128 and 256 its softmax runs while P V is
 // still in flight: kSoftmaxUnderPv, which needs the loop rotated past ptxas, see consume).
 // A third switch, kPersistent, picks the persistent tile scheduler (fwd_scheduler.cuh).
-// Measured on H100 (bf16, one process, session 12): 2x8192x16x128 627 TFLOP/s, 1.00x cuDNN
-// (causal 587, 1.03x); 2x8192x8x256 752, 1.13x; head dim 64 at 16k 1.19x (causal 1.03x).
-// docs/sm90/fwd.md has the sweep and what each technique adds.
+// At head dim 128 each consumer warpgroup's own loop, not the tensor pipe, sets the pace;
+// the tree row max and kPollKvEarly shorten it (docs/sm90/fwd.md, "The consumer loop sets
+// the pace"). Measured on H100 (bf16, session 13): 2x8192x16x128 629 TFLOP/s, 1.00x cuDNN
+// in a same-process A/B (667, 1.12x in the peer benchmark; causal 547, 1.01x);
+// 2x8192x8x256 781, 1.16x; head dim 64 at 16k 1.12x (causal 1.04x). docs/sm90/fwd.md has
+// the sweep and what each technique adds.
 #pragma once
 
 #include <algorithm>
@@ -444,10 +447,10 @@ Status launch_fwd(const FwdParams& p) {
 // The persistent kernel runs where the tiles differ in length (a causal or local mask), one
 // CTA per tile elsewhere (FwdConfig: head dim 256 always): measured side by side
 // (docs/sm90/fwd.md), persistence gained 2-9% under a causal mask at head dim 64 and 3-5%
-// at head dim 128 from 2k to 8k in session 11's same-process A/Bs, but session 12's A/B of
-// that final code found head dim 128 causal level at 4k and 8k and 5% slower at 16k (not
-// re-measured since the softmax went under P V). On equal tiles (no mask) it lost up to 12%
-// at head dim 256, 7% at 64, and was level at 128.
+// at head dim 128 from 2k to 8k in session 11's same-process A/Bs; session 12's A/B of that
+// code found head dim 128 causal level at 4k and 8k and 5% slower at 16k, session 13's, with
+// the softmax under P V, +4-5% at 4k, +3.5-4.5% at 8k and level at 16k. On equal tiles (no
+// mask) it lost up to 12% at head dim 256, 7% at 64, and was level at 128.
 template <DType kDtype, int kHeadDim, Schedule kSchedule>
 Status FwdInstance<kDtype, kHeadDim, kSchedule>::run(const FwdParams& p) {
   using Tr = typename FwdConfig<kDtype, kHeadDim, kSchedule>::Traits;

@@ -170,7 +170,8 @@ struct FwdTraits {
 // Head dim 64 is bound by the softmax more than by its short GEMMs: with three consumer
 // warpgroups two softmaxes overlap each warpgroup's GEMMs (4x4096x32x64 bf16: 481 TFLOP/s
 // against 406 with two). At 160 registers a thread the one-CTA-per-tile kernels do not
-// spill (session 12); the persistent ones spill 312 / 320 bytes (plain / softcap).
+// spill (session 13); the persistent ones spill 312 / 324 bytes (plain / softcap), and the
+// consumers reload some of theirs inside the loop (ncu, docs/sm90/fwd.md).
 // At head dim 256, O's 128 accumulators a thread leave room for a 64-key S only. Wider key
 // tiles at head dim 128 (176, FlashAttention-3's; 176-wide wgmmas need
 // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, else CuTe picks 16-wide ones) on two stages

@@ -1,7 +1,7 @@
 // The Hopper forward kernel (`cute_fa3`, sm_90a): the layers wired to warpgroups, and the
 // launch (tensor maps built on the host per call).
 //   tile scheduler  fwd_scheduler.cuh   one CTA per (batch, head, query block), or (causal
-//                                       and local masks, head dims 64/128) one per SM
+//                                       and local masks, head dim 128) one per SM
 //                                       taking tiles longest first as it frees up
 //   mainloop        fwd_mainloop.cuh    TMA producer; wgmma consumers
 //   softmax         fwd_softmax.cuh     online softmax in exp2 units, MaskPolicy
@@ -198,9 +198,9 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
         ++state_k;
         if constexpr (Tr::kPollKvEarly) {
           k_landed = pipeline_k.consumer_test_wait(state_k);  // K(n-1)
-          auto next_v = state_v;
-          ++next_v;
-          v_landed = pipeline_v.consumer_test_wait(next_v);  // V(n)
+          auto next_v = state_v;  // V(n): V(n+1) is released only at the next iteration's
+          if constexpr (Tr::kSoftmaxUnderPv) ++next_v;  // top under P V, already otherwise
+          v_landed = pipeline_v.consumer_test_wait(next_v);
         }
         softmax_step(n);
       }
@@ -445,12 +445,13 @@ Status launch_fwd(const FwdParams& p) {
 }
 
 // The persistent kernel runs where the tiles differ in length (a causal or local mask), one
-// CTA per tile elsewhere (FwdConfig: head dim 256 always): measured side by side
-// (docs/sm90/fwd.md), persistence gained 2-9% under a causal mask at head dim 64 and 3-5%
-// at head dim 128 from 2k to 8k in session 11's same-process A/Bs; session 12's A/B of that
-// code found head dim 128 causal level at 4k and 8k and 5% slower at 16k, session 13's, with
-// the softmax under P V, +4-5% at 4k, +3.5-4.5% at 8k and level at 16k. On equal tiles (no
-// mask) it lost up to 12% at head dim 256, 7% at 64, and was level at 128.
+// CTA per tile elsewhere (FwdConfig: head dims 64 and 256 always): measured side by side
+// (docs/sm90/fwd.md), persistence gained 3-5% at head dim 128 from 2k to 8k in session 11's
+// same-process A/Bs; session 12's A/B of that code found head dim 128 causal level at 4k and
+// 8k and 5% slower at 16k, session 13's, with the softmax under P V, +4-5% at 4k, +3.5-4.5%
+// at 8k and level at 16k. At head dim 64 it gained 2-9% causal in session 11, but lost
+// 4-7% in session 13 (its kernel spills). On equal tiles (no mask) it lost up to 12% at
+// head dim 256, 7% at 64, and was level at 128.
 template <DType kDtype, int kHeadDim, Schedule kSchedule>
 Status FwdInstance<kDtype, kHeadDim, kSchedule>::run(const FwdParams& p) {
   using Tr = typename FwdConfig<kDtype, kHeadDim, kSchedule>::Traits;

@@ -169,9 +169,9 @@ struct FwdTraits {
 //    256    128 ×  64        2          2    64 + 64 + 64  = 192 KiB      32 + 16 + 128
 // Head dim 64 is bound by the softmax more than by its short GEMMs: with three consumer
 // warpgroups two softmaxes overlap each warpgroup's GEMMs (4x4096x32x64 bf16: 481 TFLOP/s
-// against 406 with two). At 160 registers a thread the one-CTA-per-tile kernels do not
-// spill (session 13); the persistent ones spill 312 / 324 bytes (plain / softcap), and the
-// consumers reload some of theirs inside the loop (ncu, docs/sm90/fwd.md).
+// against 406 with two). At 160 registers a thread its one-CTA-per-tile kernels do not
+// spill (session 13); a persistent one spilled 312 bytes and reloaded some of them inside
+// the consumer loop, so head dim 64 runs one CTA per tile under every mask.
 // At head dim 256, O's 128 accumulators a thread leave room for a 64-key S only. Wider key
 // tiles at head dim 128 (176, FlashAttention-3's; 176-wide wgmmas need
 // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, else CuTe picks 16-wide ones) on two stages
@@ -189,10 +189,11 @@ struct FwdConfig {
   static constexpr int kConsumers = kHeadDim == 64 ? 3 : 2;
   static constexpr bool kPingpong = kSchedule != Schedule::kNoPingpong && kSchedule != Schedule::kSerial;
   static constexpr bool kOverlap = kSchedule != Schedule::kNoOverlap && kSchedule != Schedule::kSerial;
-  // Persistent only at head dims 64 and 128: at 256 it measured slower under a causal mask
-  // too (docs/sm90/fwd.md).
+  // Persistent only at head dim 128: at 256 it measured slower under a causal mask too, and
+  // at 64 one CTA per tile measured 4-7% faster causal from 2k to 16k (session 13: the
+  // persistent kernel spills there and reloads inside the consumer loop; docs/sm90/fwd.md).
   static constexpr bool kPersistent =
-      kSchedule != Schedule::kNoPersistent && !kOnePerTile && kHeadDim <= 128;
+      kSchedule != Schedule::kNoPersistent && !kOnePerTile && kHeadDim == 128;
   // The softmax under P V, measured against the softmax after P V has completed (same
   // process, session 12, docs/sm90/fwd.md): +13-17% at head dim 256, +1.5-3.6% under causal
   // masks at 128 (level without a mask), and 5.5-8% slower at 64 (three consumer

@@ -25,8 +25,8 @@
 // the tree row max and kPollKvEarly shorten it (docs/sm90/fwd.md, "The consumer loop sets
 // the pace"). Measured on H100 (bf16, session 13): 2x8192x16x128 629 TFLOP/s, 1.00x cuDNN
 // in a same-process A/B (667, 1.12x in the peer benchmark; causal 547, 1.01x);
-// 2x8192x8x256 781, 1.16x; head dim 64 at 16k 1.12x (causal 1.04x). docs/sm90/fwd.md has
-// the sweep and what each technique adds.
+// 2x8192x8x256 781, 1.16x; head dim 64 at 16k 1.12x (causal, one CTA per tile, 1.09x in a
+// same-process A/B). docs/sm90/fwd.md has the sweep and what each technique adds.
 #pragma once
 
 #include <algorithm>
@@ -198,8 +198,10 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
         ++state_k;
         if constexpr (Tr::kPollKvEarly) {
           k_landed = pipeline_k.consumer_test_wait(state_k);  // K(n-1)
-          auto next_v = state_v;  // V(n): V(n+1) is released only at the next iteration's
-          if constexpr (Tr::kSoftmaxUnderPv) ++next_v;  // top under P V, already otherwise
+          // V(n). Under P V, V(n+1) is released only at the next iteration's top, so V(n)
+          // is one past the state; otherwise V(n+1) has been released already.
+          auto next_v = state_v;
+          if constexpr (Tr::kSoftmaxUnderPv) ++next_v;
           v_landed = pipeline_v.consumer_test_wait(next_v);
         }
         softmax_step(n);

@@ -199,9 +199,10 @@ struct FwdConfig {
   // masks at 128 (level without a mask), and 5.5-8% slower at 64 (three consumer
   // warpgroups, the exp unit the busiest pipe; why it loses there was not looked into).
   static constexpr bool kSoftmaxUnderPv = kHeadDim >= 128;
-  // The early K/V test, measured together with the tree row max against neither (same process,
+  // The early K/V test, measured with the tree row max against neither (same process,
   // session 13, docs/sm90/fwd.md): +5-13% at head dim 128 without a mask, level under a
-  // causal mask; at head dim 64, 1-6% slower under a causal mask, so only at 128.
+  // causal mask; 1-6% slower under a causal mask in head dim 64's persistent kernel of the
+  // time. On head dim 64's one-CTA-per-tile kernel it is not measured yet, so only at 128.
   static constexpr bool kPollKvEarly = kHeadDim == 128;
   using Traits = FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, kBlockN, kStages,
                            kConsumers, kPingpong, kOverlap, kPersistent, kSoftmaxUnderPv,

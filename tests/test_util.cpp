@@ -310,6 +310,7 @@ std::string Problem::describe() const {
   if (softcap > 0) s << " softcap" << softcap;
   if (dropout_p > 0) s << " dropout" << dropout_p << " seed" << dropout_seed;
   if (scale) s << " scale" << *scale;
+  if (key_growth > 0.f) s << " key_growth" << key_growth;
   if (!pad.empty()) {
     s << " pad{";
     for (size_t i = 0; i < pad.size(); ++i) s << (i ? "," : "") << pad[i];
@@ -418,6 +419,14 @@ Inputs make_inputs(const Problem& p, std::mt19937_64& rng) {
   in.k.fill_random(rng);
   in.v.fill_random(rng);
   in.dout.fill_random(rng);
+  if (p.key_growth > 0.f && !p.varlen()) {
+    // k is [batch, seqlen_k, heads_kv, head_dim], row-major over its logical shape.
+    const int64_t per_key = int64_t(p.heads_kv) * p.head_dim;
+    for (int64_t i = 0; i < in.k.numel(); ++i) {
+      const int64_t j = i / per_key % p.seqlen_k;
+      in.k.set(i, in.k.get(i) * std::pow(double(p.key_growth), double(p.seqlen_k - 1 - j) / 128.0));
+    }
+  }
   if (p.varlen()) {
     in.cu_q = cu_seqlens(p.lens_q);
     in.cu_k = cu_seqlens(p.lens_k);

@@ -148,6 +148,10 @@ struct Problem {
   std::optional<float> scale;
   std::vector<int64_t> pad;  // extra allocated elements per dim of q/k/v/out/grads
   bool with_lse = true;      // forward: pass maybe_lse
+  // > 0: key row j of each sequence is multiplied by key_growth^((len_k − 1 − j) / 128), so a
+  // row's scores grow from the last key tile to the first, the order the forward kernels
+  // walk them, and each tile raises the running max (dense problems only).
+  float key_growth = 0.f;
   int num_threads = 0;
 
   bool varlen() const { return !lens_q.empty(); }
@@ -170,6 +174,7 @@ struct Problem {
   Problem& threads(int n) { num_threads = n; return *this; }
   Problem& no_lse() { with_lse = false; return *this; }
   Problem& scaled(float s) { scale = s; return *this; }
+  Problem& growing_keys(float g) { key_growth = g; return *this; }
 };
 
 // A padded problem [batch, seqlen, heads, dim].

@@ -66,6 +66,12 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
       add(t + hd + "window_128_0", dense(dt, 1, 300, 300, 2, 1, d).window(128, 0));
       add(t + hd + "dropout_causal_gqa",
           dense(dt, 2, 200, 200, 4, 2, d).make_causal().drop(0.17f, 0x5eed + d));
+      // Each key tile (walked last to first) raises the rows' running max, by more than the
+      // lazy rescale's 8 (log2 units) from tile to tile and by more than 16 at the end, where
+      // cute_fa3's exponentials-first softmax computes S again (fwd_softmax.cuh).
+      add(t + hd + "growing_keys", dense(dt, 1, 128, 512, 2, 1, d).growing_keys(2.f));
+      add(t + hd + "growing_keys_causal",
+          dense(dt, 2, 384, 384, 4, 2, d).growing_keys(2.f).make_causal());
       add(t + hd + "varlen_dropout_window_softcap",
           varlen(dt, {33, 1, 190}, {80, 9, 190}, 2, 1, d).window(17, 4).cap(20.f).drop(0.4f, 99, 7));
     }
@@ -73,6 +79,7 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
     add(t + "hdim96_causal", dense(dt, 1, 128, 190, 2, 2, 96).make_causal());
     add(t + "hdim192_causal", dense(dt, 1, 100, 130, 2, 1, 192).make_causal());
     add(t + "hdim256", dense(dt, 1, 64, 64, 2, 1, 256));
+    add(t + "hdim256_growing_keys", dense(dt, 1, 64, 320, 2, 1, 256).growing_keys(4.f));
     add(t + "hdim256_many_tiles_causal", dense(dt, 1, 384, 384, 96, 8, 256).make_causal());
     add(t + "batch0", dense(dt, 0, 64, 64, 2, 2, 64));
     add(t + "seqlen_k0", dense(dt, 2, 33, 0, 2, 2, 64));

@@ -23,10 +23,12 @@
 // A third switch, kPersistent, picks the persistent tile scheduler (fwd_scheduler.cuh).
 // At head dim 128 each consumer warpgroup's own loop, not the tensor pipe, sets the pace;
 // the tree row max and kPollKvEarly shorten it (docs/sm90/fwd.md, "The consumer loop sets
-// the pace"). Measured on H100 (bf16, session 13): 2x8192x16x128 629 TFLOP/s, 1.00x cuDNN
-// in a same-process A/B (667, 1.12x in the peer benchmark; causal 547, 1.01x);
-// 2x8192x8x256 781, 1.16x; head dim 64 at 16k 1.12x (causal, one CTA per tile, 1.09x in a
-// same-process A/B). docs/sm90/fwd.md has the sweep and what each technique adds.
+// the pace"), and so does the softmax's order (the traits' MaxOrder: the warp's vote before
+// the max's shuffles, or the exponentials before the max; "The exponentials before the
+// max"). Measured on H100 (bf16, session 14, same-process A/B against cuDNN):
+// 4x4096x16x128 628 TFLOP/s, 1.045x; 2x8192x16x128 656, 1.07x (causal 567, 1.06x);
+// 2x8192x8x256 760, 1.15x; 2x8192x32x64 causal 456, 1.07x. docs/sm90/fwd.md has the sweep
+// and what each technique adds.
 #pragma once
 
 #include <algorithm>
@@ -96,7 +98,7 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
   Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));         // (rows, cols)
 
   constexpr int kRows = decltype(size<0>(acc_rowcol(acc_o.layout())))::value;
-  OnlineSoftmax<kRows> softmax;
+  Softmax<kRows> softmax;
   const MaskPolicy mask = p.mask;
   const int len_q = blk.seq.len_q, len_k = blk.seq.len_k;
   // Softcap: logit = cap·tanh(s·scale / cap), so the softmax sees tanh(·) scaled by cap·log2 e.
@@ -131,9 +133,9 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
     Tensor rP = make_tensor_like<Element>(acc_s);                         // (MMA, MMA_M, MMA_N)
     Tensor tOrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));  // (MMA, MMA_M, MMA_K)
     float rescale[kRows];
-    // The scores of key tile n in acc_s → P (in place), and in rescale the factors O's rows
-    // need.
-    auto softmax_step = [&](int n) {
+    bool moved = true;  // whether rescale may hold a factor other than 1 (warp-uniform)
+    // The scores of key tile n in acc_s: softcap, then the mask.
+    auto scores = [&](int n) {
       const int j0 = n * Tr::kBlockN;
       Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (rows, cols)
       if constexpr (kSoftcap) {
@@ -144,8 +146,40 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
       if (j0 + Tr::kBlockN > len_k ||
           !mask.tile_is_full(blk.i0, blk.i0 + blk.rows, j0, j0 + Tr::kBlockN, len_q, len_k))
         apply_mask(s, tScS_rc, mask, blk.i0, j0, len_q, len_k);
-      softmax.template update</*kTreeMax=*/true>(s, scale_log2, rescale);
     };
+    // The scores of key tile n → P (in place), and in rescale the factors O's rows need.
+    // k_stage: the stage K(n) still holds, for kExpFirst's refill (fwd_softmax.cuh); -1 for
+    // the block's first tile, where no row has a reference max yet.
+    auto softmax_step = [&](int n, int k_stage) {
+      scores(n);
+      Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (rows, cols)
+      if constexpr (Tr::kMaxOrder == MaxOrder::kExpFirst) {
+        if (k_stage < 0) {
+          moved = softmax.update_voted(s, scale_log2, rescale);
+        } else {
+          moved = softmax.update_exp_first(s, scale_log2, rescale, [&] {
+            warpgroup_fence_operand(acc_s);
+            warp_qk<Tr>(sQ, sK(_, _, k_stage), acc_s, ctid);
+            warpgroup_fence_operand(acc_s);
+            scores(n);
+          });
+        }
+      } else if constexpr (Tr::kMaxOrder == MaxOrder::kVoteFirst) {
+        moved = softmax.update_voted(s, scale_log2, rescale);
+      } else {
+        softmax.template update</*kTreeMax=*/true>(s, scale_log2, rescale);
+      }
+    };
+    // O's rows times rescale, skipped where no row of the warp moved its max.
+    auto rescale_o = [&] {
+      if constexpr (Tr::kMaxOrder == MaxOrder::kMaxFirst) {
+        Softmax<kRows>::rescale_o(o, rescale);
+      } else {
+        Softmax<kRows>::rescale_o(o, rescale, moved);
+      }
+    };
+    // kExpFirst keeps K(n) until its softmax is done (the refill may read it again).
+    constexpr bool kHoldK = Tr::kMaxOrder == MaxOrder::kExpFirst;
 
     // K and V advance through their rings in the same order; with the overlap V lags K by
     // one tile.
@@ -158,7 +192,7 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
       warpgroup_wait_for<0>(acc_s);
       pipeline_k.consumer_release(state_k);
       ++state_k;
-      softmax_step(blk.n_end - 1);  // O is still 0, so its first rescale changes nothing
+      softmax_step(blk.n_end - 1, -1);  // O is still 0, so its first rescale changes nothing
       auto release_v = [&] {
         pipeline_v.consumer_release(state_v);
         ++state_v;  // the state goes on to the next tile (persistent)
@@ -179,7 +213,7 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
           warpgroup_wait_for<0>(acc_o, tOrP);  // P(n+2) V(n+2); none in the first iteration
           if (n != blk.n_end - 2) release_v();
         }
-        OnlineSoftmax<kRows>::rescale_o(o, rescale);  // O into S(n+1)'s max
+        rescale_o();                                  // O into S(n+1)'s max
         round_into(acc_s, rP);                        // P(n+1)
         pipeline_k.consumer_wait(state_k, k_landed);  // K(n)
         pipeline_v.consumer_wait(state_v, v_landed);  // V(n+1)
@@ -194,8 +228,9 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
           warpgroup_fence_operand(acc_s);
           release_v();
         }
-        pipeline_k.consumer_release(state_k);
+        const auto k_read = state_k;  // K(n)
         ++state_k;
+        if constexpr (!kHoldK) pipeline_k.consumer_release(k_read);
         if constexpr (Tr::kPollKvEarly) {
           k_landed = pipeline_k.consumer_test_wait(state_k);  // K(n-1)
           // V(n). Under P V, V(n+1) is released only at the next iteration's top, so V(n)
@@ -204,14 +239,15 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
           if constexpr (Tr::kSoftmaxUnderPv) ++next_v;
           v_landed = pipeline_v.consumer_test_wait(next_v);
         }
-        softmax_step(n);
+        softmax_step(n, k_read.index());
+        if constexpr (kHoldK) pipeline_k.consumer_release(k_read);
       }
       // Epilogue of the loop: P V of the first tile.
       if constexpr (Tr::kSoftmaxUnderPv) {
         warpgroup_wait_for<0>(acc_o, tOrP);
         if (blk.n_end - blk.n_begin > 1) release_v();
       }
-      OnlineSoftmax<kRows>::rescale_o(o, rescale);
+      rescale_o();
       round_into(acc_s, rP);
       pipeline_v.consumer_wait(state_v);
       take_turn();
@@ -227,10 +263,12 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
         warpgroup_gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, state_k.index()), acc_s);
         pass_turn(false);
         warpgroup_wait_for<0>(acc_s);
-        pipeline_k.consumer_release(state_k);
+        const auto k_read = state_k;  // K(n)
         ++state_k;
-        softmax_step(n);
-        OnlineSoftmax<kRows>::rescale_o(o, rescale);
+        if constexpr (!kHoldK) pipeline_k.consumer_release(k_read);
+        softmax_step(n, n == blk.n_end - 1 ? -1 : int(k_read.index()));
+        if constexpr (kHoldK) pipeline_k.consumer_release(k_read);
+        rescale_o();
         round_into(acc_s, rP);
         pipeline_v.consumer_wait(state_v);
         take_turn();

@@ -168,6 +168,49 @@ CUTE_HOST_DEVICE auto acc_as_a_operand(Layout acc) {
                      coalesce(make_layout(get<0, 1>(blocks), get<2>(acc))));
 }
 
+// S = Q Kᵀ once more for one warp's 16 rows, on mma.sync from the same shared memory:
+// kExpFirst's rare refill (fwd_softmax.cuh). One warp of a warpgroup may need it while the
+// others do not, and wgmma is issued by the whole warpgroup. The m16n8 fragments of a warp
+// hold the same (row, key) pairs in the same order as its part of the wgmma accumulator
+// (rows lane / 4 and + 8, keys 2 · (lane % 4) + {0, 1} + 8 j), so the result goes straight
+// into acc_s's registers. Sixteen keys at a time, the k-blocks in a rolled loop, so that one
+// k-block's fragments are live at a time (fully unrolled, ptxas loaded them all ahead and
+// the kernel spilled).
+//   sQ (BLK_M, D), sK (BLK_N, D): one stage; acc_s (MMA, MMA_M, MMA_N) of TiledMmaQK
+template <class Tr, class SQ, class SK, class Acc>
+__device__ __forceinline__ void warp_qk(SQ const& sQ, SK const& sK, Acc& acc_s, int ctid) {
+  using Element = typename Tr::Element;
+  using Atom = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
+                                  SM80_16x8x16_F32F16F16F32_TN, SM80_16x8x16_F32BF16BF16F32_TN>;
+  auto mma = make_tiled_mma(Atom{}, Layout<Shape<_1, _1, _1>>{}, Tile<_16, _16, _16>{});
+  const int lane = ctid % 32;
+  auto thr = mma.get_thread_slice(lane);
+  auto copy_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
+  auto copy_k = make_tiled_copy_B(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
+  auto thr_q = copy_q.get_thread_slice(lane);
+  auto thr_k = copy_k.get_thread_slice(lane);
+  using Blk = Shape<_16, _16>;
+  Tensor rQ = thr.partition_fragment_A(local_tile(sQ, Blk{}, make_coord(0, 0)));  // (MMA, 1, 1)
+  Tensor rK = thr.partition_fragment_B(local_tile(sK, Blk{}, make_coord(0, 0)));  // (MMA, 2, 1)
+  Tensor tQr = thr_q.retile_D(rQ);
+  Tensor tKr = thr_k.retile_D(rK);
+  using AccLayout = decltype(partition_fragment_C(mma, Blk{}).layout());  // ((2, 2), 1, 2)
+  constexpr int kAccPer16Keys = decltype(cosize(AccLayout{}))::value;     // 8
+  static_assert(decltype(size(acc_s))::value == kAccPer16Keys * Tr::kBlockN / 16,
+                "one warp's share of S, 16 keys after 16 keys");
+  CUTE_UNROLL
+  for (int j = 0; j < Tr::kBlockN / 16; ++j) {
+    Tensor acc = make_tensor(acc_s.data() + kAccPer16Keys * j, AccLayout{});  // keys [16j, +16)
+    clear(acc);
+#pragma unroll 1
+    for (int k = 0; k < Tr::kHeadDim / 16; ++k) {
+      copy(copy_q, thr_q.partition_S(local_tile(sQ, Blk{}, make_coord(ctid / 32, k))), tQr);
+      copy(copy_k, thr_k.partition_S(local_tile(sK, Blk{}, make_coord(j, k))), tKr);
+      gemm(mma, rQ, rK, acc);
+    }
+  }
+}
+
 using cuda::round_into;  // cuda/cute_common.cuh
 using cuda::round_to;
 

@@ -34,5 +34,157 @@ CUTE_HOST_DEVICE auto acc_rowcol(Layout acc) {
                      make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
 }
 
+// The Hopper forward's online softmax: cuda::OnlineSoftmax (exp2 units, lazy rescaling, the
+// tree row max) with its steps reordered: the warp's vote before the row max's shuffles
+// (update_voted), or the exponentials before the row max (update_exp_first). The traits'
+// MaxOrder picks one per kernel.
+template <int kRows>
+struct Softmax : OnlineSoftmax<kRows> {
+  using Base = OnlineSoftmax<kRows>;
+  using Base::kLazyLog2;
+  using Base::rescale_o;
+  using Base::row_max;
+  using Base::row_sum;
+
+  // Row r's reference max and this thread's own columns of it, the columns by a tree.
+  template <class S>
+  __device__ __forceinline__ float own_max(S const& s, int r) const {
+    constexpr int kCols = decltype(cute::size<1>(s))::value;
+    float v[kCols];
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) v[c] = s(r, c);
+    Base::template tree_max<kCols>(v);
+    return fmaxf(row_max[r], v[0]);
+  }
+
+  // update() with the warp's vote first: each thread takes the tree max of its own columns
+  // only, and the quad max (two shuffles a row) and the max's bookkeeping run only when some
+  // lane's own max would move its row. The results are update()'s, bit for bit: a row's quad
+  // max exceeds its reference by more than kLazyLog2 exactly when one of the quad's own maxima
+  // does. On most tiles the exponentials then start right after the vote. Returns whether any
+  // row of the warp moved (warp-uniform), for rescale_o's overload below.
+  template <class S>
+  __device__ __forceinline__ bool update_voted(S& s, float scale_log2, float (&rescale)[kRows]) {
+    constexpr int kCols = decltype(cute::size<1>(s))::value;
+    float m[kRows];
+    bool move = false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      m[r] = own_max(s, r);
+      move |= row_max[r] == -INFINITY || (m[r] - row_max[r]) * scale_log2 > kLazyLog2;
+    }
+    const bool moved = __any_sync(0xffffffffu, move);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) rescale[r] = 1.f;
+    if (moved) {  // update()'s bookkeeping, on the quad max
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
+        m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
+        if (row_max[r] == -INFINITY || (m[r] - row_max[r]) * scale_log2 > kLazyLog2) {
+          const float m_scaled = m[r] == -INFINITY ? 0.f : m[r] * scale_log2;
+          rescale[r] = exp2_approx(row_max[r] * scale_log2 - m_scaled);
+          row_max[r] = m[r];
+          row_sum[r] *= rescale[r];
+        }
+      }
+    }
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float m_scaled = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        s(r, c) = exp2_approx(s(r, c) * scale_log2 - m_scaled);
+        row_sum[r] += s(r, c);
+      }
+    }
+    return moved;
+  }
+
+  // update() with the exponentials first: each row's P is taken against its current
+  // reference max while the tile's max is still being found (the exponentials depend on the
+  // reference alone, so ptxas interleaves the max's FMNMX with the MUFU.EX2 instead of
+  // running them first). Then one warp vote: where no row moved (most tiles), P is final;
+  // where one moved by more than kLazyLog2, its P, ℓ and this tile's sum are rescaled by the
+  // factor O gets, 2^(m_old − m_new) (P = 2^(s − m_new) up to one more rounding). Two cases
+  // take another path:
+  // - a row of the warp that has seen no key yet (no reference): update() with the chain
+  //   max, decided from the state alone, before any exponential. (With update_voted()'s tree
+  //   there, ptxas computed the tree once above the branch, before the exponentials.)
+  // - a tile whose scores lead a row's reference by more than kExpFirstLog2: refill()
+  //   writes the scores into s again (the caller recomputes S from K's stage, which it
+  //   holds until then), then update_voted(). The bound keeps P_old and its sum far inside
+  //   fp32's range; it is low (16 in log2 units, 11 in nats) so that the tests reach the
+  //   refill with scores that a low-precision yardstick still computes well.
+  // Returns whether rescale may hold a factor other than 1 (warp-uniform).
+  static constexpr float kExpFirstLog2 = 16.f;
+  template <class S, class Refill>
+  __device__ __forceinline__ bool update_exp_first(S& s, float scale_log2, float (&rescale)[kRows],
+                                                   Refill&& refill) {
+    constexpr int kCols = decltype(cute::size<1>(s))::value;
+    bool unstarted = false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) unstarted |= row_max[r] == -INFINITY;
+    if (__any_sync(0xffffffffu, unstarted)) {
+      // The chain max here, not the tree: with the same tree on both sides of the branch
+      // ptxas computed a row's tree once, above the branch, before any exponential.
+      this->template update</*kTreeMax=*/false>(s, scale_log2, rescale);
+      return true;
+    }
+    float m[kRows], tile_sum[kRows];
+    bool move = false, far = false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      m[r] = own_max(s, r);
+      const float m_scaled = row_max[r] * scale_log2;
+      tile_sum[r] = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        s(r, c) = exp2_approx(s(r, c) * scale_log2 - m_scaled);
+        tile_sum[r] += s(r, c);
+      }
+      const float lead = (m[r] - row_max[r]) * scale_log2;
+      move |= lead > kLazyLog2;
+      far |= lead > kExpFirstLog2;
+    }
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) rescale[r] = 1.f;
+    const bool moved = __any_sync(0xffffffffu, move);
+    if (moved) {
+      if (__any_sync(0xffffffffu, far)) {
+        refill();
+        return update_voted(s, scale_log2, rescale);
+      }
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
+        m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
+        if ((m[r] - row_max[r]) * scale_log2 > kLazyLog2) {
+          rescale[r] = exp2_approx((row_max[r] - m[r]) * scale_log2);
+          row_max[r] = m[r];
+          row_sum[r] *= rescale[r];
+          tile_sum[r] *= rescale[r];
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) s(r, c) *= rescale[r];
+        }
+      }
+    }
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) row_sum[r] += tile_sum[r];
+    return moved;
+  }
+
+  // The same, with the answer of update_voted() or update_exp_first() instead of a vote.
+  template <class O>
+  __device__ __forceinline__ static void rescale_o(O& o, const float (&rescale)[kRows], bool moved) {
+    if (!moved) return;
+    CUTE_UNROLL
+    for (int r = 0; r < cute::size<0>(o); ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(o); ++c) o(r, c) *= rescale[r];
+    }
+  }
+
+};
 
 }  // namespace flashlab::sm90

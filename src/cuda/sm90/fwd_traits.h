@@ -27,9 +27,19 @@ using cute::Tensor;  // not flashlab::Tensor (the public API's view)
 
 using cuda::ElementFor;  // cuda/cute_common.cuh
 
+// The order of the softmax's steps (fwd_softmax.cuh, each measured: docs/sm90/fwd.md):
+//   kMaxFirst   cuda::OnlineSoftmax::update: the row max (a tree), its quad shuffles, then
+//               the exponentials against it
+//   kVoteFirst  Softmax::update_voted: each thread's own max, one warp vote, the shuffles
+//               only where some row moves its reference max
+//   kExpFirst   Softmax::update_exp_first: the exponentials against the reference max while
+//               the tile's max is still being found; a rescale (or a refill) where it moved
+enum class MaxOrder { kMaxFirst, kVoteFirst, kExpFirst };
+
 template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, int kNConsumerWarpgroups_ = 2,
           bool kPingpong_ = true, bool kIntraOverlap_ = true, bool kPersistent_ = true,
-          bool kSoftmaxUnderPv_ = true, bool kPollKvEarly_ = false>
+          bool kSoftmaxUnderPv_ = true, bool kPollKvEarly_ = false,
+          MaxOrder kMaxOrder_ = MaxOrder::kVoteFirst>
 struct FwdTraits {
   using Element = Element_;
   static_assert(sizeof(Element) == 2, "the wgmma path here takes 16-bit inputs");
@@ -66,6 +76,9 @@ struct FwdTraits {
   // not block) before the softmax, so that the turn finds them landed without waiting on a
   // barrier read (fwd_kernel.cuh's consume). FwdConfig picks per head dim.
   static constexpr bool kPollKvEarly = kPollKvEarly_;
+  // Where the softmax finds each row's max relative to its exponentials (MaxOrder,
+  // fwd_softmax.cuh). FwdConfig picks per kernel.
+  static constexpr MaxOrder kMaxOrder = kMaxOrder_;
   // Persistent: one CTA per SM takes tiles of one order as it frees up (fwd_scheduler.cuh's
   // TileOrder and DynamicTiles); Q's buffer is handed back to the producer after each
   // tile's epilogue.
@@ -204,9 +217,16 @@ struct FwdConfig {
   // causal mask; 1-6% slower under a causal mask in head dim 64's persistent kernel of the
   // time. On head dim 64's one-CTA-per-tile kernel it is not measured yet, so only at 128.
   static constexpr bool kPollKvEarly = kHeadDim == 128;
+  // The softmax's order (same-process A/Bs, session 14, docs/sm90/fwd.md): against
+  // kMaxFirst, kVoteFirst gained 2-4% at head dims 64 and 128 (0-5% at 256), and kExpFirst
+  // 3-6% where head dim 128 runs one CTA per tile (0-4% over kVoteFirst), but lost 1-3% in
+  // the persistent kernel (causal) and 3-7% at head dim 64, and was level with kVoteFirst at
+  // 256. So kExpFirst where head dim 128 runs one CTA per tile, kVoteFirst elsewhere.
+  static constexpr MaxOrder kMaxOrder =
+      kHeadDim == 128 && !kPersistent ? MaxOrder::kExpFirst : MaxOrder::kVoteFirst;
   using Traits = FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, kBlockN, kStages,
                            kConsumers, kPingpong, kOverlap, kPersistent, kSoftmaxUnderPv,
-                           kPollKvEarly>;
+                           kPollKvEarly, kMaxOrder>;
 };
 
 }  // namespace flashlab::sm90

@@ -649,8 +649,10 @@ def input_sets_cuda(shape: Shape, direction: str, l2_bytes: int):
     return sets
 
 
-def run_entry(impl: str, shape: Shape, direction: str, make: Callable, checker: Checker,
-              timer: Callable, nsets: int, plan: Plan, sync: Callable) -> Result:
+def prepare_entry(impl: str, shape: Shape, direction: str, make: Callable, checker: Checker,
+                  sync: Callable, budget_s: float):
+    """Builds an entry and checks its first call: (result, run, seconds a call costs), with
+    run None when the entry is not to be timed (it failed the check, refused or broke)."""
     res = Result(shape, direction, impl, "ok")
     try:
         t0 = time.perf_counter()
@@ -664,22 +666,53 @@ def run_entry(impl: str, shape: Shape, direction: str, make: Callable, checker: 
             res.status = "FAIL"
             res.reason = "; ".join(f"{n} err {res.err[n]:.2e} > tol {res.tol[n]:.2e}"
                                    for n in res.err if res.err[n] > res.tol[n])
-            return res
+            return res, None, 0.0
         # The first call can carry one-time costs (loading the library's kernels, Triton's
         # compile): when it used much of the budget, a second call says what a call costs.
-        if first_s >= plan.budget_s / 8:
+        if first_s >= budget_s / 8:
             t0 = time.perf_counter()
             run(0)
             sync()
             first_s = time.perf_counter() - t0
-        warm, iters = plan_runs(plan, first_s)
-        samples = timer(run, nsets, warm, iters)
-        res.ms, res.runs = statistics.median(samples), len(samples)
+        return res, run, first_s
     except Skip as e:
         res.status, res.reason = "skip", str(e)
     except Exception as e:  # a crash of one entry is reported, not fatal to the sweep
         res.status, res.reason = "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    return res
+    return res, None, 0.0
+
+
+def time_entries(entries, timer: Callable, nsets: int, plan: Plan, rounds: int = 1) -> None:
+    """Times the prepared entries [(result, run, first_s)] of one shape and fills each
+    result's ms (the median) and runs. With rounds > 1 the entries take turns: each round
+    times every entry once (the order rotated round by round, a budget / rounds share each),
+    so that all see the same clocks and temperatures, and an entry's time is the median of
+    its rounds' medians."""
+    live = [e for e in entries if e[1] is not None]
+    if not live:
+        return
+    rounds = max(rounds, 1)
+    per_round: Dict[int, List[float]] = {id(e[0]): [] for e in live}
+    share = Plan(plan.warmup, plan.iters, plan.budget_s / rounds, plan.warm_s)
+    for r in range(rounds):
+        for res, run, first_s in live[r % len(live):] + live[:r % len(live)]:
+            try:
+                warm, iters = plan_runs(share, first_s)
+                samples = timer(run, nsets, warm, iters)
+                per_round[id(res)].append(statistics.median(samples))
+                res.runs += len(samples)
+            except Exception as e:  # as in prepare_entry: reported, not fatal
+                res.status, res.reason = "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    for res, _, _ in live:
+        if res.status == "ok":
+            res.ms = statistics.median(per_round[id(res)])
+
+
+def run_entry(impl: str, shape: Shape, direction: str, make: Callable, checker: Checker,
+              timer: Callable, nsets: int, plan: Plan, sync: Callable) -> Result:
+    entry = prepare_entry(impl, shape, direction, make, checker, sync, plan.budget_s)
+    time_entries([entry], timer, nsets, plan)
+    return entry[0]
 
 
 def spin_up_gpu(seconds: float) -> None:
@@ -712,18 +745,30 @@ def run_gpu(args) -> List[Result]:
     limit = args.quadratic_limit * 2**30
     results = []
     spin_up_gpu(args.spin_up)
+    timer = functools.partial(time_cuda, warm_s=plan.warm_s)
     for shape, dirs in work:
         for direction, impls in dirs:
             sets = input_sets_cuda(shape, direction, l2)
             checker = Checker(shape, sets[0], [direction])
-            for impl in impls:
-                make = _gpu_maker(impl, shape, direction, sets, limit)
-                timer = functools.partial(time_cuda, warm_s=plan.warm_s)
-                results.append(run_entry(impl, shape, direction, make, checker, timer,
-                                         len(sets), plan, torch.cuda.synchronize))
-                progress.step(f"{direction} {shape.label()} {'causal ' if shape.causal else ''}"
-                              f"{impl}")
-                torch.cuda.empty_cache()
+            label = f"{direction} {shape.label()} {'causal ' if shape.causal else ''}"
+            if args.rounds > 1:  # every entry built first, then timed in turns
+                entries = []
+                for impl in impls:
+                    make = _gpu_maker(impl, shape, direction, sets, limit)
+                    entries.append(prepare_entry(impl, shape, direction, make, checker,
+                                                 torch.cuda.synchronize, plan.budget_s))
+                time_entries(entries, timer, len(sets), plan, args.rounds)
+                results.extend(e[0] for e in entries)
+                for impl in impls:
+                    progress.step(label + impl)
+                del entries
+            else:
+                for impl in impls:
+                    make = _gpu_maker(impl, shape, direction, sets, limit)
+                    results.append(run_entry(impl, shape, direction, make, checker, timer,
+                                             len(sets), plan, torch.cuda.synchronize))
+                    progress.step(label + impl)
+                    torch.cuda.empty_cache()
             del sets, checker
             torch.cuda.empty_cache()
     return results
@@ -948,6 +993,9 @@ def describe(args) -> str:
     method = (f"{args.spin_up:g} s spin-up, CUDA events, warm-up (>= {args.warmup} calls and "
               f"{args.warmup_ms:g} ms), median, inputs rotated past 2x L2" if args.device == "cuda"
               else "perf_counter, warm-up, median")
+    if args.device == "cuda" and args.rounds > 1:
+        method += (f", {args.rounds} alternating rounds per shape (median of the rounds' "
+                   "medians)")
     return "## " + ", ".join(parts) + f"\n\n{args.dtype}; {method}; every entry checked " \
         "against float64 first (max abs err <= 2x plain input-dtype attention + 1e-5)."
 
@@ -988,6 +1036,10 @@ def parse_args(argv=None):
                    help="GPU: seconds of matrix products before the sweep (0: none)")
     p.add_argument("--budget", type=float, default=3.0,
                    help="seconds per entry; a slow first call means fewer timed calls")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="GPU: time each shape's entries in this many alternating rounds (the "
+                        "order rotated each round), each entry's time the median of its "
+                        "rounds' medians; 1: each entry timed alone, one after the other")
     p.add_argument("--quadratic-limit", type=float, default=4.0,
                    help="GiB: skip the naive and math paths when the fp32 S matrix is larger")
     p.add_argument("--csv"), p.add_argument("--json"), p.add_argument("--plots")

@@ -1,5 +1,5 @@
-"""The peer benchmark's run planning (flashlab.bench.run_entry), with stand-ins for the kernel,
-the checker and the timer: no GPU, no torch needed."""
+"""The peer benchmark's run planning (flashlab.bench.run_entry, time_entries), with stand-ins
+for the kernel, the checker and the timer: no GPU, no torch needed."""
 
 from __future__ import annotations
 
@@ -71,3 +71,38 @@ def test_plan_runs_fits_the_budget():
     assert bench.plan_runs(plan, 3.5) == (0, 1)  # over budget: one timed call, no warm-up
     warm, iters = bench.plan_runs(plan, 0.5)  # six calls fit
     assert iters == 6 and warm == 1
+
+
+def test_rounds_alternate_the_entries_and_take_the_median_of_their_medians():
+    # Three entries, four rounds: each round times every entry once, the order rotated, and
+    # an entry's time is the median of its per-round medians.
+    order = []
+    times = {"a": [5.0, 1.0, 2.0, 3.0], "b": [4.0, 4.0, 9.0, 4.0], "c": [7.0, 8.0, 6.0, 5.0]}
+
+    def timer(run, nsets, warmup, iters):
+        name = run(0)
+        order.append(name)
+        t = times[name][sum(1 for n in order if n == name) - 1]
+        return [t] * iters
+
+    entries = []
+    for name in "abc":
+        res = bench.Result(_Shape(), "fwd", name, "ok")
+        entries.append((res, lambda i, name=name: name, 0.0))
+    plan = bench.Plan(warmup=1, iters=3, budget_s=1.0)
+    bench.time_entries(entries, timer, 2, plan, rounds=4)
+    assert order == list("abc" "bca" "cab" "abc")
+    ms = {res.impl: res.ms for res, _, _ in entries}
+    assert ms == {"a": 2.5, "b": 4.0, "c": 6.5}
+    assert all(res.runs == 12 for res, _, _ in entries)
+
+
+def test_rounds_skip_entries_that_were_not_prepared():
+    res_ok = bench.Result(_Shape(), "fwd", "ok", "ok")
+    res_skip = bench.Result(_Shape(), "fwd", "skipped", "skip", reason="refused")
+    timer = _RecordingTimer()
+    plan = bench.Plan(warmup=1, iters=3, budget_s=1.0)
+    bench.time_entries([(res_skip, None, 0.0), (res_ok, lambda i: None, 0.0)], timer, 2, plan,
+                       rounds=3)
+    assert res_ok.runs == 9 and res_ok.ms == 1.0
+    assert res_skip.runs == 0 and res_skip.status == "skip"

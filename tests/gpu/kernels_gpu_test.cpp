@@ -72,6 +72,10 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
       add(t + hd + "growing_keys", dense(dt, 1, 128, 512, 2, 1, d).growing_keys(2.f));
       add(t + hd + "growing_keys_causal",
           dense(dt, 2, 384, 384, 4, 2, d).growing_keys(2.f).make_causal());
+      // With softcap and no other mask (cute_fa3's one-CTA-per-tile kernel at head dim 128,
+      // whose refill applies the softcap again); faster growth, since the cap flattens it.
+      add(t + hd + "growing_keys_softcap",
+          dense(dt, 1, 128, 512, 2, 1, d).growing_keys(3.f).cap(30.f));
       add(t + hd + "varlen_dropout_window_softcap",
           varlen(dt, {33, 1, 190}, {80, 9, 190}, 2, 1, d).window(17, 4).cap(20.f).drop(0.4f, 99, 7));
     }

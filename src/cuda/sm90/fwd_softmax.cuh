@@ -184,7 +184,6 @@ struct Softmax : OnlineSoftmax<kRows> {
       for (int c = 0; c < cute::size<1>(o); ++c) o(r, c) *= rescale[r];
     }
   }
-
 };
 
 }  // namespace flashlab::sm90

@@ -215,7 +215,8 @@ struct FwdConfig {
   // The early K/V test, measured with the tree row max against neither (same process,
   // session 13, docs/sm90/fwd.md): +5-13% at head dim 128 without a mask, level under a
   // causal mask; 1-6% slower under a causal mask in head dim 64's persistent kernel of the
-  // time. On head dim 64's one-CTA-per-tile kernel it is not measured yet, so only at 128.
+  // time, and level on its one-CTA-per-tile kernel (session 14, with kVoteFirst). So only
+  // at 128.
   static constexpr bool kPollKvEarly = kHeadDim == 128;
   // The softmax's order (same-process A/Bs, session 14, docs/sm90/fwd.md): against
   // kMaxFirst, kVoteFirst gained 2-4% at head dims 64 and 128 (0-5% at 256), and kExpFirst

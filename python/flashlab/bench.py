@@ -649,6 +649,10 @@ def input_sets_cuda(shape: Shape, direction: str, l2_bytes: int):
     return sets
 
 
+def _error_reason(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+
+
 def prepare_entry(impl: str, shape: Shape, direction: str, make: Callable, checker: Checker,
                   sync: Callable, budget_s: float):
     """Builds an entry and checks its first call: (result, run, seconds a call costs), with
@@ -678,7 +682,7 @@ def prepare_entry(impl: str, shape: Shape, direction: str, make: Callable, check
     except Skip as e:
         res.status, res.reason = "skip", str(e)
     except Exception as e:  # a crash of one entry is reported, not fatal to the sweep
-        res.status, res.reason = "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        res.status, res.reason = "error", _error_reason(e)
     return res, None, 0.0
 
 
@@ -701,8 +705,8 @@ def time_entries(entries, timer: Callable, nsets: int, plan: Plan, rounds: int =
                 samples = timer(run, nsets, warm, iters)
                 per_round[id(res)].append(statistics.median(samples))
                 res.runs += len(samples)
-            except Exception as e:  # as in prepare_entry: reported, not fatal
-                res.status, res.reason = "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            except Exception as e:  # reported, not fatal, as in prepare_entry
+                res.status, res.reason = "error", _error_reason(e)
     for res, _, _ in live:
         if res.status == "ok":
             res.ms = statistics.median(per_round[id(res)])

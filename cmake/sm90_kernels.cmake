@@ -14,9 +14,9 @@ if("90a" IN_LIST FLASHLAB_CUDA_ARCHS)
     endforeach()
   endforeach()
 
-  # The schedule ablations (cute_fa3_no_pingpong, _no_overlap, _serial, _no_persistent):
+  # The schedule ablations (cute_fa3_no_pingpong, _no_overlap, _serial, _persistent):
   # bf16 head dim 128.
-  foreach(schedule no_pingpong no_overlap serial no_persistent)
+  foreach(schedule no_pingpong no_overlap serial persistent)
     list(APPEND FLASHLAB_SM90_SOURCES
       ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/instantiations/fwd_hdim128_bf16_${schedule}.cu)
   endforeach()

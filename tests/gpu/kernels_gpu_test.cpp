@@ -51,8 +51,8 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
           varlen(dt, {33, 1, 190}, {80, 9, 190}, 2, 1, d).window(17, 4).cap(20.f));
       add(t + hd + "padded_strides", dense(dt, 2, 90, 110, 4, 2, d).padded({1, 3, 1, pad16}));
       add(t + hd + "seqlen17", dense(dt, 2, 17, 17, 4, 4, d));
-      // More query tiles than an H100 has SMs: a persistent kernel (cute_fa3's, under causal
-      // and local masks at head dims 64 and 128) serves two or three per CTA.
+      // More query tiles than an H100 has SMs: a persistent kernel (the ablation
+      // cute_fa3_persistent's, bf16 head dim 128) serves two or three per CTA.
       add(t + hd + "many_tiles", dense(dt, 2, 384, 384, 48, 8, d));
       add(t + hd + "many_tiles_causal", dense(dt, 2, 384, 384, 48, 8, d).make_causal());
       // Most query tiles see no key (bottom-right causal, seqlen_q > seqlen_k), in runs.
@@ -72,8 +72,8 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
       add(t + hd + "growing_keys", dense(dt, 1, 128, 512, 2, 1, d).growing_keys(2.f));
       add(t + hd + "growing_keys_causal",
           dense(dt, 2, 384, 384, 4, 2, d).growing_keys(2.f).make_causal());
-      // With softcap and no other mask (cute_fa3's one-CTA-per-tile kernel at head dim 128,
-      // whose refill applies the softcap again); faster growth, since the cap flattens it.
+      // With softcap and no other mask (cute_fa3's refill at head dim 128 applies the softcap
+      // again); faster growth, since the cap flattens it.
       add(t + hd + "growing_keys_softcap",
           dense(dt, 1, 128, 512, 2, 1, d).growing_keys(3.f).cap(30.f));
       add(t + hd + "varlen_dropout_window_softcap",

@@ -131,9 +131,9 @@ Status run(const FwdParams& p) {
   return instance_for(p).run(p);
 }
 
-// The persistent kernels' tile counter (fwd_scheduler.cuh's DynamicTiles), zeroed on the
-// stream before each persistent launch. Asked for by every call, so that the size does not
-// depend on which schedule the mask picks.
+// The persistent kernel's tile counter (fwd_scheduler.cuh's DynamicTiles), zeroed on the
+// stream before each launch: the ablation cute_fa3_persistent's only (cute_fa3 runs one CTA
+// per tile and needs no workspace).
 size_t workspace(const FwdParams&) { return 16; }
 
 // The schedule ablations: bf16, head dim 128 only.
@@ -171,7 +171,6 @@ KernelEntry cute_fa3_fwd_entry() {
   e.auto_priority = 50;  // auto's GPU forward on sm90: above cute_fa2 (40)
   e.supports_fwd = sm90::supports;
   e.run_fwd = sm90::run;
-  e.workspace_fwd = sm90::workspace;
   return e;
 }
 
@@ -183,7 +182,7 @@ KernelEntry ablation_entry(const char* name, const char* description) {
   e.info = {name, "sm90a", description, true, false};
   e.supports_fwd = sm90::supports_ablation<kSchedule>;
   e.run_fwd = sm90::run_ablation<kSchedule>;
-  e.workspace_fwd = sm90::workspace;
+  if constexpr (kSchedule == sm90::Schedule::kPersistent) e.workspace_fwd = sm90::workspace;
   e.auto_priority = 0;
   return e;
 }
@@ -208,10 +207,10 @@ KernelEntry cute_fa3_ablation_entry(int which) {
           "cute_fa3 with neither pingpong nor the intra-warpgroup overlap: warp "
           "specialization, TMA and wgmma alone; bf16 head dim 128 only");
     default:
-      return ablation_entry<Schedule::kNoPersistent>(
-          "cute_fa3_no_persistent",
-          "cute_fa3 without the persistent tile scheduler (one CTA per query tile); bf16 "
-          "head dim 128 only");
+      return ablation_entry<Schedule::kPersistent>(
+          "cute_fa3_persistent",
+          "cute_fa3 with the persistent tile scheduler (one CTA per SM taking tiles longest "
+          "first) in place of one CTA per query tile; bf16 head dim 128 only");
   }
 }
 

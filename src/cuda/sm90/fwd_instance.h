@@ -8,10 +8,11 @@
 
 namespace flashlab::sm90 {
 
-// The schedule. kFull is cute_fa3; the others turn one technique (or two) off, built for
-// bf16 head dim 128 only, to measure what each adds (docs/sm90/fwd.md): the consumers'
-// pingpong, their intra-warpgroup overlap, both, or the persistent tile scheduler.
-enum class Schedule { kFull, kNoPingpong, kNoOverlap, kSerial, kNoPersistent };
+// The schedule. kFull is cute_fa3; the others, built for bf16 head dim 128 only, measure what
+// a technique adds (docs/sm90/fwd.md): three turn off the consumers' pingpong, their
+// intra-warpgroup overlap, or both; kPersistent turns on the persistent tile scheduler, which
+// cute_fa3 no longer uses (it measured slower than one CTA per tile in session 15).
+enum class Schedule { kFull, kNoPingpong, kNoOverlap, kSerial, kPersistent };
 
 template <DType kDtype, int kHeadDim, Schedule kSchedule = Schedule::kFull>
 struct FwdInstance {

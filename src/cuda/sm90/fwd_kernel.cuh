@@ -1,8 +1,8 @@
 // The Hopper forward kernel (`cute_fa3`, sm_90a): the layers wired to warpgroups, and the
 // launch (tensor maps built on the host per call).
-//   tile scheduler  fwd_scheduler.cuh   one CTA per (batch, head, query block), or (causal
-//                                       and local masks, head dim 128) one per SM
-//                                       taking tiles longest first as it frees up
+//   tile scheduler  fwd_scheduler.cuh   one CTA per (batch, head, query block), longest
+//                                       first; or (the ablation cute_fa3_persistent) one
+//                                       per SM taking tiles longest first as it frees up
 //   mainloop        fwd_mainloop.cuh    TMA producer; wgmma consumers
 //   softmax         fwd_softmax.cuh     online softmax in exp2 units, MaskPolicy
 //   epilogue        fwd_epilogue.cuh    normalize, LSE, O through shared memory, TMA store
@@ -20,7 +20,8 @@
 // softmax hides under the other's GEMMs) and the intra-warpgroup overlap (S of the next tile
 // is issued with P V of this one, and at head dims 128 and 256 its softmax runs while P V is
 // still in flight: kSoftmaxUnderPv, which needs the loop rotated past ptxas, see consume).
-// A third switch, kPersistent, picks the persistent tile scheduler (fwd_scheduler.cuh).
+// A third switch, kPersistent, picks the persistent tile scheduler (fwd_scheduler.cuh); it
+// measured slower than one CTA per tile (session 15), so only its ablation turns it on.
 // At head dim 128 each consumer warpgroup's own loop, not the tensor pipe, sets the pace;
 // the tree row max and kPollKvEarly shorten it (docs/sm90/fwd.md, "The consumer loop sets
 // the pace"), and so does the softmax's order (the traits' MaxOrder: the warp's vote before
@@ -385,7 +386,11 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
     if constexpr (Tr::kPersistent) {
       for (int q_phase = 0;; q_phase ^= 1) {
         cutlass::arch::ClusterBarrier::wait(&ss.barrier_q, q_phase);
-        const int t = DynamicTiles::read(&ss.tile);
+        // The tile index, shuffled from lane 0 so that ptxas can prove it warp-uniform: read
+        // from shared memory as such, every value derived from it (the pipeline stages, the
+        // shared-memory descriptors) went through per-thread registers and an R2UR before
+        // each wgmma; the shuffle gained the kernel 5-7% (session 15, docs/sm90/fwd.md).
+        const int t = __shfl_sync(0xffffffffu, DynamicTiles::read(&ss.tile), 0);
         if (t < 0) break;
         consume<Tr, kSoftcap>(p, kp.epilogue, block_of(t), ss, pipeline_k, pipeline_v, state_k,
                               state_v, ctid);
@@ -484,22 +489,11 @@ Status launch_fwd(const FwdParams& p) {
   return p.mask.softcap > 0.f ? launch_fwd<Tr, true>(p) : launch_fwd<Tr, false>(p);
 }
 
-// The persistent kernel runs where the tiles differ in length (a causal or local mask), one
-// CTA per tile elsewhere (FwdConfig: head dims 64 and 256 always): measured side by side
-// (docs/sm90/fwd.md), persistence gained 3-5% at head dim 128 from 2k to 8k in session 11's
-// same-process A/Bs; session 12's A/B of that code found head dim 128 causal level at 4k and
-// 8k and 5% slower at 16k, session 13's, with the softmax under P V, +4-5% at 4k, +3.5-4.5%
-// at 8k and level at 16k. At head dim 64 it gained 2-9% causal in session 11, but lost
-// 4-7% in session 13 (its kernel spills). On equal tiles (no mask) it lost up to 12% at
-// head dim 256, 7% at 64, and was level at 128.
+// One kernel per instance: cute_fa3 runs one CTA per tile under every mask, and its ablation
+// cute_fa3_persistent (bf16 head dim 128) the persistent kernel (FwdConfig::kPersistent).
 template <DType kDtype, int kHeadDim, Schedule kSchedule>
 Status FwdInstance<kDtype, kHeadDim, kSchedule>::run(const FwdParams& p) {
-  using Tr = typename FwdConfig<kDtype, kHeadDim, kSchedule>::Traits;
-  if constexpr (Tr::kPersistent) {
-    if (!p.mask.is_local())
-      return launch_fwd<typename FwdConfig<kDtype, kHeadDim, kSchedule, true>::Traits>(p);
-  }
-  return launch_fwd<Tr>(p);
+  return launch_fwd<typename FwdConfig<kDtype, kHeadDim, kSchedule>::Traits>(p);
 }
 template <DType kDtype, int kHeadDim, Schedule kSchedule>
 const void* FwdInstance<kDtype, kHeadDim, kSchedule>::kernel() {

@@ -37,7 +37,7 @@ using cuda::ElementFor;  // cuda/cute_common.cuh
 enum class MaxOrder { kMaxFirst, kVoteFirst, kExpFirst };
 
 template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, int kNConsumerWarpgroups_ = 2,
-          bool kPingpong_ = true, bool kIntraOverlap_ = true, bool kPersistent_ = true,
+          bool kPingpong_ = true, bool kIntraOverlap_ = true, bool kPersistent_ = false,
           bool kSoftmaxUnderPv_ = true, bool kPollKvEarly_ = false,
           MaxOrder kMaxOrder_ = MaxOrder::kVoteFirst>
 struct FwdTraits {
@@ -81,7 +81,7 @@ struct FwdTraits {
   static constexpr MaxOrder kMaxOrder = kMaxOrder_;
   // Persistent: one CTA per SM takes tiles of one order as it frees up (fwd_scheduler.cuh's
   // TileOrder and DynamicTiles); Q's buffer is handed back to the producer after each
-  // tile's epilogue.
+  // tile's epilogue. Only the ablation cute_fa3_persistent (FwdConfig).
   static constexpr bool kPersistent = kPersistent_;
 
   static constexpr int kHeadDim = kHeadDim_;
@@ -189,9 +189,7 @@ struct FwdTraits {
 // tiles at head dim 128 (176, FlashAttention-3's; 176-wide wgmmas need
 // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, else CuTe picks 16-wide ones) on two stages
 // measured level at 8k-16k and 7% slower at 4k than 128 on three (docs/sm90/fwd.md).
-// kOnePerTile: the one-CTA-per-tile kernel of a persistent schedule (FwdInstance::run picks
-// it for masks that leave every tile the same length).
-template <DType kDtype, int kHeadDim, Schedule kSchedule = Schedule::kFull, bool kOnePerTile = false>
+template <DType kDtype, int kHeadDim, Schedule kSchedule = Schedule::kFull>
 struct FwdConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
                 "no tile shape for this head dim");
@@ -202,11 +200,14 @@ struct FwdConfig {
   static constexpr int kConsumers = kHeadDim == 64 ? 3 : 2;
   static constexpr bool kPingpong = kSchedule != Schedule::kNoPingpong && kSchedule != Schedule::kSerial;
   static constexpr bool kOverlap = kSchedule != Schedule::kNoOverlap && kSchedule != Schedule::kSerial;
-  // Persistent only at head dim 128: at 256 it measured slower under a causal mask too, and
-  // at 64 one CTA per tile measured 4-7% faster causal from 2k to 16k (session 13: the
-  // persistent kernel spills there and reloads inside the consumer loop; docs/sm90/fwd.md).
-  static constexpr bool kPersistent =
-      kSchedule != Schedule::kNoPersistent && !kOnePerTile && kHeadDim == 128;
+  // One CTA per tile, under every mask: the persistent kernel (the ablation
+  // cute_fa3_persistent) measured slower at every head dim. Session 15's same-process A/B at
+  // head dim 128 (docs/sm90/fwd.md, "One CTA per tile under causal masks too"): 5-7% slower
+  // without a mask, and under a causal mask level at 4k, 3% slower at 8k and 11% at 16k.
+  // At 64 it spilled inside the consumer loop (session 13), at 256 it lost with and without
+  // a mask.
+  static constexpr bool kPersistent = kSchedule == Schedule::kPersistent;
+  static_assert(!kPersistent || kHeadDim == 128, "the persistent ablation is built at 128 only");
   // The softmax under P V, measured against the softmax after P V has completed (same
   // process, session 12, docs/sm90/fwd.md): +13-17% at head dim 256, +1.5-3.6% under causal
   // masks at 128 (level without a mask), and 5.5-8% slower at 64 (three consumer
@@ -222,7 +223,8 @@ struct FwdConfig {
   // kMaxFirst, kVoteFirst gained 2-4% at head dims 64 and 128 (0-5% at 256), and kExpFirst
   // 3-6% where head dim 128 runs one CTA per tile (0-4% over kVoteFirst), but lost 1-3% in
   // the persistent kernel (causal) and 3-7% at head dim 64, and was level with kVoteFirst at
-  // 256. So kExpFirst where head dim 128 runs one CTA per tile, kVoteFirst elsewhere.
+  // 256. So kExpFirst at head dim 128 (one CTA per tile; the persistent ablation keeps
+  // kVoteFirst), kVoteFirst elsewhere.
   static constexpr MaxOrder kMaxOrder =
       kHeadDim == 128 && !kPersistent ? MaxOrder::kExpFirst : MaxOrder::kVoteFirst;
   using Traits = FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, kBlockN, kStages,

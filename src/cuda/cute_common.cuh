@@ -168,7 +168,11 @@ struct OnlineSoftmax {
     bool moved = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) moved |= rescale[r] != 1.f;
-    if (!__any_sync(0xffffffffu, moved)) return;
+    if (__any_sync(0xffffffffu, moved)) scale_rows(o, rescale);
+  }
+  // Row r of o times rescale[r], unconditionally.
+  template <class O>
+  __device__ __forceinline__ static void scale_rows(O& o, const float (&rescale)[kRows]) {
     CUTE_UNROLL
     for (int r = 0; r < cute::size<0>(o); ++r) {
       CUTE_UNROLL

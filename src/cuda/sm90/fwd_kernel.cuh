@@ -26,9 +26,9 @@
 // the tree row max and kPollKvEarly shorten it (docs/sm90/fwd.md, "The consumer loop sets
 // the pace"), and so does the softmax's order (the traits' MaxOrder: the warp's vote before
 // the max's shuffles, or the exponentials before the max; "The exponentials before the
-// max"). Measured on H100 (bf16, session 14, same-process A/B against cuDNN):
-// 4x4096x16x128 628 TFLOP/s, 1.045x; 2x8192x16x128 656, 1.07x (causal 567, 1.06x);
-// 2x8192x8x256 760, 1.15x; 2x8192x32x64 causal 456, 1.07x. docs/sm90/fwd.md has the sweep
+// max"). Measured on H100 (bf16, session 15, same-process A/B against cuDNN):
+// 4x4096x16x128 627 TFLOP/s, 1.045x; 2x8192x16x128 649, 1.08x (causal 607, 1.14x);
+// 2x8192x8x256 763, 1.15x; 2x8192x32x64 causal 454, 1.07x. docs/sm90/fwd.md has the sweep
 // and what each technique adds.
 #pragma once
 

@@ -177,12 +177,7 @@ struct Softmax : OnlineSoftmax<kRows> {
   // The same, with the answer of update_voted() or update_exp_first() instead of a vote.
   template <class O>
   __device__ __forceinline__ static void rescale_o(O& o, const float (&rescale)[kRows], bool moved) {
-    if (!moved) return;
-    CUTE_UNROLL
-    for (int r = 0; r < cute::size<0>(o); ++r) {
-      CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(o); ++c) o(r, c) *= rescale[r];
-    }
+    if (moved) Base::scale_rows(o, rescale);
   }
 };
 

@@ -26,10 +26,11 @@
 // the tree row max and kPollKvEarly shorten it (docs/sm90/fwd.md, "The consumer loop sets
 // the pace"), and so does the softmax's order (the traits' MaxOrder: the warp's vote before
 // the max's shuffles, or the exponentials before the max; "The exponentials before the
-// max"). Measured on H100 (bf16, session 15, same-process A/B against cuDNN):
-// 4x4096x16x128 627 TFLOP/s, 1.045x; 2x8192x16x128 649, 1.08x (causal 607, 1.14x);
-// 2x8192x8x256 763, 1.15x; 2x8192x32x64 causal 454, 1.07x. docs/sm90/fwd.md has the sweep
-// and what each technique adds.
+// max", and session 16's "The exponent's argument in place"). Measured on H100 (bf16,
+// session 16, same-process A/B against cuDNN): 4x4096x16x128 635 TFLOP/s, 1.065x;
+// 2x8192x16x128 659, 1.09x (causal 615, 1.17x); 2x8192x8x256 764, 1.14x; 2x8192x32x64
+// causal 456, 1.07x. docs/sm90/fwd.md has the sweep, ncu's cycle counts and what each
+// technique adds.
 #pragma once
 
 #include <algorithm>

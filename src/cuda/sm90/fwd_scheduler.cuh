@@ -10,9 +10,10 @@
 //   persistent         one CTA per SM taking tiles of one order (TileOrder) as it frees up
 //                      (DynamicTiles): the next tile's first K/V loads go out while this
 //                      one's epilogue runs, and no CTA is launched or torn down per tile.
-//                      The ablation cute_fa3_persistent: 3-11% slower than one CTA per tile
-//                      at head dim 128, level only at causal 4k; the time it loses is in
-//                      its loop (session 15, docs/sm90/fwd.md)
+//                      The ablation cute_fa3_persistent: 5-8% slower than one CTA per tile
+//                      at head dim 128 without a mask, level at causal 4k, 2-7% slower at
+//                      causal 8k-16k; the time it loses is in its loop, whose exponentials
+//                      ptxas schedules worse (sessions 15-16, docs/sm90/fwd.md)
 #pragma once
 
 #include <algorithm>

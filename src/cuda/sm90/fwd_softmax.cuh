@@ -102,20 +102,26 @@ struct Softmax : OnlineSoftmax<kRows> {
   }
 
   // update() with the exponentials first: each row's P is taken against its current
-  // reference max while the tile's max is still being found (the exponentials depend on the
-  // reference alone, so ptxas interleaves the max's FMNMX with the MUFU.EX2 instead of
-  // running them first). Then one warp vote: where no row moved (most tiles), P is final;
-  // where one moved by more than kLazyLog2, its P, ℓ and this tile's sum are rescaled by the
-  // factor O gets, 2^(m_old − m_new) (P = 2^(s − m_new) up to one more rounding). Two cases
-  // take another path:
+  // reference max while the tile's max is still being found. The exponent's argument
+  // x = s·scale_log2 − m_ref·scale_log2 is written over the score (one FFMA in place), and
+  // the tile's lead over the reference is the tree max of x, in log2 units; the MUFU.EX2
+  // then take x in place too, so each score lives in one register from S to P and ptxas
+  // interleaves the max's FMNMX with the exponentials. (Written the first way, the max over
+  // the raw scores and the exponentials of s·scale_log2 − m_scaled, every exponential
+  // needed a temporary; in the persistent kernel ptxas ran them through one register, each
+  // FFMA waiting for the previous MUFU.EX2 to read it, and this order measured 2–3.5% slower
+  // in cute_fa3: docs/sm90/fwd.md, session 16.) Then one warp vote: where no row leads by
+  // more than kLazyLog2 (most tiles), P is final; where one does, its P, ℓ and this tile's
+  // sum are rescaled by the factor O gets, 2^(−lead), and its reference moves up by the
+  // lead (P = 2^(s − m_new) up to one more rounding). Two cases take another path:
   // - a row of the warp that has seen no key yet (no reference): update() with the chain
   //   max, decided from the state alone, before any exponential. (With update_voted()'s tree
   //   there, ptxas computed the tree once above the branch, before the exponentials.)
-  // - a tile whose scores lead a row's reference by more than kExpFirstLog2: refill()
-  //   writes the scores into s again (the caller recomputes S from K's stage, which it
-  //   holds until then), then update_voted(). The bound keeps P_old and its sum far inside
-  //   fp32's range; it is low (16 in log2 units, 11 in nats) so that the tests reach the
-  //   refill with scores that a low-precision yardstick still computes well.
+  // - a tile that leads a row's reference by more than kExpFirstLog2: refill() writes the
+  //   scores into s again (the caller recomputes S from K's stage, which it holds until
+  //   then), then update_voted(). The bound keeps P_old and its sum far inside fp32's
+  //   range; it is low (16 in log2 units, 11 in nats) so that the tests reach the refill
+  //   with scores that a low-precision yardstick still computes well.
   // Returns whether rescale may hold a factor other than 1 (warp-uniform).
   static constexpr float kExpFirstLog2 = 16.f;
   template <class S, class Refill>
@@ -135,17 +141,22 @@ struct Softmax : OnlineSoftmax<kRows> {
     bool move = false, far = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      m[r] = own_max(s, r);
       const float m_scaled = row_max[r] * scale_log2;
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) s(r, c) = s(r, c) * scale_log2 - m_scaled;
+      float v[kCols];
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) v[c] = s(r, c);
+      Base::template tree_max<kCols>(v);
+      m[r] = v[0];  // this thread's lead over the reference, in log2 units
       tile_sum[r] = 0.f;
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {
-        s(r, c) = exp2_approx(s(r, c) * scale_log2 - m_scaled);
+        s(r, c) = exp2_approx(s(r, c));
         tile_sum[r] += s(r, c);
       }
-      const float lead = (m[r] - row_max[r]) * scale_log2;
-      move |= lead > kLazyLog2;
-      far |= lead > kExpFirstLog2;
+      move |= m[r] > kLazyLog2;
+      far |= m[r] > kExpFirstLog2;
     }
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) rescale[r] = 1.f;
@@ -159,9 +170,9 @@ struct Softmax : OnlineSoftmax<kRows> {
       for (int r = 0; r < kRows; ++r) {
         m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 1));
         m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], 2));
-        if ((m[r] - row_max[r]) * scale_log2 > kLazyLog2) {
-          rescale[r] = exp2_approx((row_max[r] - m[r]) * scale_log2);
-          row_max[r] = m[r];
+        if (m[r] > kLazyLog2) {
+          rescale[r] = exp2_approx(-m[r]);
+          row_max[r] += m[r] / scale_log2;
           row_sum[r] *= rescale[r];
           tile_sum[r] *= rescale[r];
           CUTE_UNROLL

@@ -33,7 +33,8 @@ using cuda::ElementFor;  // cuda/cute_common.cuh
 //   kVoteFirst  Softmax::update_voted: each thread's own max, one warp vote, the shuffles
 //               only where some row moves its reference max
 //   kExpFirst   Softmax::update_exp_first: the exponentials against the reference max while
-//               the tile's max is still being found; a rescale (or a refill) where it moved
+//               the tile's lead over it is still being found (the max of the exponents'
+//               arguments, written over the scores); a rescale (or a refill) where it moved
 enum class MaxOrder { kMaxFirst, kVoteFirst, kExpFirst };
 
 template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, int kNConsumerWarpgroups_ = 2,
@@ -203,8 +204,10 @@ struct FwdConfig {
   // One CTA per tile, under every mask: the persistent kernel (the ablation
   // cute_fa3_persistent) measured slower at every head dim. Session 15's same-process A/B at
   // head dim 128 (docs/sm90/fwd.md, "One CTA per tile under causal masks too"): 5-7% slower
-  // without a mask, and under a causal mask level at 4k, 3% slower at 8k and 11% at 16k.
-  // At 64 it spilled inside the consumer loop (session 13), at 256 it lost with and without
+  // without a mask, and under a causal mask level at 4k, 3% slower at 8k and 11% at 16k;
+  // session 16's, both on the same softmax: 5-8% slower without a mask, level at causal 4k,
+  // 2-7% slower at causal 8k-16k (ncu: the same loop instructions, scheduled worse by
+  // ptxas in the exponentials, "The exponent's argument in place"). At 64 it spilled inside the consumer loop (session 13), at 256 it lost with and without
   // a mask.
   static constexpr bool kPersistent = kSchedule == Schedule::kPersistent;
   static_assert(!kPersistent || kHeadDim == 128, "the persistent ablation is built at 128 only");
@@ -221,12 +224,12 @@ struct FwdConfig {
   static constexpr bool kPollKvEarly = kHeadDim == 128;
   // The softmax's order (same-process A/Bs, session 14, docs/sm90/fwd.md): against
   // kMaxFirst, kVoteFirst gained 2-4% at head dims 64 and 128 (0-5% at 256), and kExpFirst
-  // 3-6% where head dim 128 runs one CTA per tile (0-4% over kVoteFirst), but lost 1-3% in
-  // the persistent kernel (causal) and 3-7% at head dim 64, and was level with kVoteFirst at
-  // 256. So kExpFirst at head dim 128 (one CTA per tile; the persistent ablation keeps
-  // kVoteFirst), kVoteFirst elsewhere.
-  static constexpr MaxOrder kMaxOrder =
-      kHeadDim == 128 && !kPersistent ? MaxOrder::kExpFirst : MaxOrder::kVoteFirst;
+  // 3-6% where head dim 128 runs one CTA per tile (0-4% over kVoteFirst), but lost 3-7% at
+  // head dim 64 and was level with kVoteFirst at 256. Session 16 wrote kExpFirst's
+  // exponent argument over the score (fwd_softmax.cuh): +2-3.5% at head dim 128 without a
+  // mask, +3% causal at 4k. So kExpFirst at head dim 128 (the persistent ablation too, so
+  // that it differs from cute_fa3 in the schedule alone), kVoteFirst elsewhere.
+  static constexpr MaxOrder kMaxOrder = kHeadDim == 128 ? MaxOrder::kExpFirst : MaxOrder::kVoteFirst;
   using Traits = FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, kBlockN, kStages,
                            kConsumers, kPingpong, kOverlap, kPersistent, kSoftmaxUnderPv,
                            kPollKvEarly, kMaxOrder>;

@@ -55,6 +55,7 @@ from flashlab import _flashlab
 OUTPUTS = {"fwd": ("out",), "bwd": ("dq", "dk", "dv")}
 SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION",
                  "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_math": "MATH"}
+GPU_PEERS = ("triton_fa2",) + tuple(SDPA_BACKENDS) + ("torch_naive",)  # the sweep's order
 LADDER_KERNELS = ("naive", "fa1", "fa2_simt")  # seconds per call at 16k tokens: opt-in
 TOKENS, HIDDEN = 16384, 2048
 
@@ -622,7 +623,8 @@ def gpu_impls(args, direction: str) -> List[str]:
             chosen = ["auto"] + [n for n, k in names.items() if k["backward"]]
     want = "backward" if direction == "bwd" else "forward"
     fl = [k for k in dict.fromkeys(chosen) if k == "auto" or names.get(k, {}).get(want)]
-    return [f"flashlab:{k}" for k in fl] + ["triton_fa2"] + list(SDPA_BACKENDS) + ["torch_naive"]
+    peers = getattr(args, "peers", None)
+    return [f"flashlab:{k}" for k in fl] + [p for p in GPU_PEERS if peers is None or p in peers]
 
 
 def input_sets_cuda(shape: Shape, direction: str, l2_bytes: int):
@@ -1030,6 +1032,10 @@ def parse_args(argv=None):
     p.add_argument("--decode-batch", type=int, default=1)
     p.add_argument("--kernels", type=lambda s: [k for k in s.split(",") if k],
                    help="FlashLab kernels to run (comma-separated registry names, or auto)")
+    p.add_argument("--peers", type=lambda s: [k for k in s.split(",") if k],
+                   help="GPU: the peers to time (comma-separated, of " + ", ".join(GPU_PEERS)
+                        + "; default all). With one peer and --rounds, the sweep alternates "
+                        "the two the way docs/BENCHMARK.md's steady ratio does")
     p.add_argument("--ladder", action="store_true", help="add naive, fa1, fa2_simt (slow)")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--iters", type=int, default=20, help="timed calls (at most)")
@@ -1059,6 +1065,9 @@ def parse_args(argv=None):
     g.add_argument("--threads", type=int, default=0, help="CPU threads (0: all)")
     g.add_argument("--seed", type=int)
     args = p.parse_args(argv)
+    unknown = [k for k in args.peers or [] if k not in GPU_PEERS]
+    if unknown:
+        p.error(f"--peers: unknown {', '.join(unknown)} (the peers: {', '.join(GPU_PEERS)})")
     if args.device is None:
         args.device = "cuda" if _cuda_ready() else "cpu"
     if args.device == "cuda" and not _cuda_ready():

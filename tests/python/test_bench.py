@@ -106,3 +106,21 @@ def test_rounds_skip_entries_that_were_not_prepared():
                        rounds=3)
     assert res_ok.runs == 9 and res_ok.ms == 1.0
     assert res_skip.runs == 0 and res_skip.status == "skip"
+
+
+def test_peers_restrict_the_gpu_entries_in_the_sweeps_order():
+    args = bench.parse_args(["--device", "cpu", "--kernels", "fa2_mma", "--peers",
+                             "sdpa_cudnn,triton_fa2"])
+    peers = [i for i in bench.gpu_impls(args, "fwd") if not i.startswith("flashlab:")]
+    assert peers == ["triton_fa2", "sdpa_cudnn"]
+    args = bench.parse_args(["--device", "cpu", "--kernels", "fa2_mma"])
+    peers = [i for i in bench.gpu_impls(args, "fwd") if not i.startswith("flashlab:")]
+    assert peers == list(bench.GPU_PEERS)
+
+
+def test_an_unknown_peer_is_refused_by_name(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cpu", "--peers", "sdpa_cudnn,cudnn"])
+    assert "--peers: unknown cudnn" in capsys.readouterr().err

@@ -109,8 +109,8 @@ struct Softmax : OnlineSoftmax<kRows> {
   // interleaves the max's FMNMX with the exponentials. (Written the first way, the max over
   // the raw scores and the exponentials of s·scale_log2 − m_scaled, every exponential
   // needed a temporary; in the persistent kernel ptxas ran them through one register, each
-  // FFMA waiting for the previous MUFU.EX2 to read it, and this order measured 2–3.5% slower
-  // in cute_fa3: docs/sm90/fwd.md, session 16.) Then one warp vote: where no row leads by
+  // FFMA waiting for the previous MUFU.EX2 to read it, and in cute_fa3 that form measured
+  // 2–3.5% slower: docs/sm90/fwd.md, session 16.) Then one warp vote: where no row leads by
   // more than kLazyLog2 (most tiles), P is final; where one does, its P, ℓ and this tile's
   // sum are rescaled by the factor O gets, 2^(−lead), and its reference moves up by the
   // lead (P = 2^(s − m_new) up to one more rounding). Two cases take another path:

@@ -207,8 +207,8 @@ struct FwdConfig {
   // without a mask, and under a causal mask level at 4k, 3% slower at 8k and 11% at 16k;
   // session 16's, both on the same softmax: 5-8% slower without a mask, level at causal 4k,
   // 2-7% slower at causal 8k-16k (ncu: the same loop instructions, scheduled worse by
-  // ptxas in the exponentials, "The exponent's argument in place"). At 64 it spilled inside the consumer loop (session 13), at 256 it lost with and without
-  // a mask.
+  // ptxas in the exponentials, "The exponent's argument in place"). At 64 it spilled
+  // inside the consumer loop (session 13), at 256 it lost with and without a mask.
   static constexpr bool kPersistent = kSchedule == Schedule::kPersistent;
   static_assert(!kPersistent || kHeadDim == 128, "the persistent ablation is built at 128 only");
   // The softmax under P V, measured against the softmax after P V has completed (same
@@ -229,7 +229,8 @@ struct FwdConfig {
   // exponent argument over the score (fwd_softmax.cuh): +2-3.5% at head dim 128 without a
   // mask, +3% causal at 4k. So kExpFirst at head dim 128 (the persistent ablation too, so
   // that it differs from cute_fa3 in the schedule alone), kVoteFirst elsewhere.
-  static constexpr MaxOrder kMaxOrder = kHeadDim == 128 ? MaxOrder::kExpFirst : MaxOrder::kVoteFirst;
+  static constexpr MaxOrder kMaxOrder =
+      kHeadDim == 128 ? MaxOrder::kExpFirst : MaxOrder::kVoteFirst;
   using Traits = FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, kBlockN, kStages,
                            kConsumers, kPingpong, kOverlap, kPersistent, kSoftmaxUnderPv,
                            kPollKvEarly, kMaxOrder>;

@@ -623,8 +623,8 @@ def gpu_impls(args, direction: str) -> List[str]:
             chosen = ["auto"] + [n for n, k in names.items() if k["backward"]]
     want = "backward" if direction == "bwd" else "forward"
     fl = [k for k in dict.fromkeys(chosen) if k == "auto" or names.get(k, {}).get(want)]
-    peers = getattr(args, "peers", None)
-    return [f"flashlab:{k}" for k in fl] + [p for p in GPU_PEERS if peers is None or p in peers]
+    return [f"flashlab:{k}" for k in fl] + [p for p in GPU_PEERS
+                                            if args.peers is None or p in args.peers]
 
 
 def input_sets_cuda(shape: Shape, direction: str, l2_bytes: int):

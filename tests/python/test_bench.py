@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from flashlab import bench
 
 
@@ -119,8 +121,6 @@ def test_peers_restrict_the_gpu_entries_in_the_sweeps_order():
 
 
 def test_an_unknown_peer_is_refused_by_name(capsys):
-    import pytest
-
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cpu", "--peers", "sdpa_cudnn,cudnn"])
     assert "--peers: unknown cudnn" in capsys.readouterr().err

@@ -46,15 +46,20 @@ struct Softmax : OnlineSoftmax<kRows> {
   using Base::row_max;
   using Base::row_sum;
 
-  // Row r's reference max and this thread's own columns of it, the columns by a tree.
+  // The max of this thread's own columns of row r, by a tree.
   template <class S>
-  __device__ __forceinline__ float own_max(S const& s, int r) const {
+  __device__ __forceinline__ static float cols_max(S const& s, int r) {
     constexpr int kCols = decltype(cute::size<1>(s))::value;
     float v[kCols];
     CUTE_UNROLL
     for (int c = 0; c < kCols; ++c) v[c] = s(r, c);
     Base::template tree_max<kCols>(v);
-    return fmaxf(row_max[r], v[0]);
+    return v[0];
+  }
+  // Row r's reference max and this thread's own columns of it.
+  template <class S>
+  __device__ __forceinline__ float own_max(S const& s, int r) const {
+    return fmaxf(row_max[r], cols_max(s, r));
   }
 
   // update() with the warp's vote first: each thread takes the tree max of its own columns
@@ -144,11 +149,7 @@ struct Softmax : OnlineSoftmax<kRows> {
       const float m_scaled = row_max[r] * scale_log2;
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) s(r, c) = s(r, c) * scale_log2 - m_scaled;
-      float v[kCols];
-      CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) v[c] = s(r, c);
-      Base::template tree_max<kCols>(v);
-      m[r] = v[0];  // this thread's lead over the reference, in log2 units
+      m[r] = cols_max(s, r);  // this thread's lead over the reference, in log2 units
       tile_sum[r] = 0.f;
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {

@@ -1,34 +1,16 @@
-# The CUDA sources of the library: one file per rung, and one per instantiation of the
-# CuTe kernels (scripts/gen_sm80_instantiations.py writes those).
-set(FLASHLAB_CUDA_SOURCES
-  ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/runtime.cu
-  ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/registry.cu
-  ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/ladder/01_naive.cu
-  ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/ladder/02_fa1.cu
-  ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/ladder/03_fa2_simt.cu
-  ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/ladder/04_fa2_mma.cu
-  ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/ladder/05_fa2_simt_bwd.cu
-  ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm80/fwd_dispatch.cu
-  ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm80/bwd_dispatch.cu
-)
+# The CUDA sources of the library: the runtime helpers, one file per ladder rung, and the
+# CuTe kernels' dispatch plus one generated file per instantiation
+# (scripts/gen_sm80_instantiations.py writes those). Folders are globbed: a new kernel's files
+# need no line here, only its entry in src/kernel_list.h.
+file(GLOB FLASHLAB_CUDA_SOURCES CONFIGURE_DEPENDS
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/*.cu
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/ladder/*.cu
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm80/*.cu)
 
-# The CuTe FlashAttention-2 forward (sm80 path): one .cu per (head dim, dtype).
-set(FLASHLAB_SM80_FWD_HEAD_DIMS 64 96 128 192 256)
-set(FLASHLAB_CUTE_SOURCES)
-foreach(hdim IN LISTS FLASHLAB_SM80_FWD_HEAD_DIMS)
-  foreach(dtype fp16 bf16)
-    list(APPEND FLASHLAB_CUTE_SOURCES
-      ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm80/instantiations/fwd_hdim${hdim}_${dtype}.cu)
-  endforeach()
-endforeach()
-# Its backward: one .cu per (head dim, dtype) as well.
-set(FLASHLAB_SM80_BWD_HEAD_DIMS 64 96 128 192 256)
-foreach(hdim IN LISTS FLASHLAB_SM80_BWD_HEAD_DIMS)
-  foreach(dtype fp16 bf16)
-    list(APPEND FLASHLAB_CUTE_SOURCES
-      ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm80/instantiations/bwd_hdim${hdim}_${dtype}.cu)
-  endforeach()
-endforeach()
+# The CuTe FlashAttention-2 forward and backward (sm80 path): one .cu per (pass, head dim,
+# dtype).
+file(GLOB FLASHLAB_CUTE_SOURCES CONFIGURE_DEPENDS
+  ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm80/instantiations/*.cu)
 list(APPEND FLASHLAB_CUDA_SOURCES ${FLASHLAB_CUTE_SOURCES})
 
 # Only the CuTe sources see the CUTLASS headers (cmake/cutlass.cmake finds or fetches them).

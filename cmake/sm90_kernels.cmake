@@ -15,26 +15,30 @@ if("90a" IN_LIST FLASHLAB_CUDA_ARCHS)
   endforeach()
 
   # The schedule ablations (cute_fa3_no_pingpong, _no_overlap, _serial, _persistent):
-  # bf16 head dim 128.
-  foreach(schedule no_pingpong no_overlap serial persistent)
-    list(APPEND FLASHLAB_SM90_SOURCES
-      ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/instantiations/fwd_hdim128_bf16_${schedule}.cu)
-  endforeach()
+  # bf16 head dim 128, built only with FLASHLAB_ABLATIONS.
+  if(FLASHLAB_ABLATIONS)
+    foreach(schedule no_pingpong no_overlap serial persistent)
+      list(APPEND FLASHLAB_SM90_SOURCES
+        ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/instantiations/fwd_hdim128_bf16_${schedule}.cu)
+    endforeach()
+  endif()
 
   add_library(flashlab_sm90 OBJECT ${FLASHLAB_SM90_SOURCES})
   target_include_directories(flashlab_sm90 PRIVATE
     ${CMAKE_CURRENT_SOURCE_DIR}/include
     ${CMAKE_CURRENT_SOURCE_DIR}/src
     ${FLASHLAB_CUTLASS_INCLUDE})
-  target_compile_definitions(flashlab_sm90 PRIVATE FLASHLAB_WITH_CUDA=1)
+  target_compile_definitions(flashlab_sm90 PRIVATE FLASHLAB_WITH_CUDA=1
+    FLASHLAB_ABLATIONS=$<BOOL:${FLASHLAB_ABLATIONS}>)
   target_compile_options(flashlab_sm90 PRIVATE
     -gencode=arch=compute_90a,code=sm_90a -O3 --expt-relaxed-constexpr -lineinfo
     -Xptxas=-warn-spills)
   set_target_properties(flashlab_sm90 PROPERTIES POSITION_INDEPENDENT_CODE ON)
 
   list(APPEND FLASHLAB_CUDA_SOURCES $<TARGET_OBJECTS:flashlab_sm90>)
-  # registry.cu registers cute_fa3 only in builds that have it (a property of that one
-  # source, so that no other object's command line, or compiler cache entry, changes).
-  set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/registry.cu APPEND PROPERTY
-    COMPILE_DEFINITIONS FLASHLAB_WITH_SM90=1)
+  # src/kernel_list.h registers cute_fa3 (and its ablations) only in builds that have them:
+  # a property of src/registry.cpp alone, so that no other object's command line, or
+  # compiler cache entry, changes.
+  set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/src/registry.cpp APPEND PROPERTY
+    COMPILE_DEFINITIONS FLASHLAB_WITH_SM90=1 FLASHLAB_ABLATIONS=$<BOOL:${FLASHLAB_ABLATIONS}>)
 endif()

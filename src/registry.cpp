@@ -1,32 +1,40 @@
-// The one registry: CPU entries, then (in CUDA builds) the GPU entries.
-#include <vector>
+// The one registry, built from src/kernel_list.h: a static table, filled in on first use
+// without touching the heap.
+#include <array>
 
 #include "common/registry.h"
-#include "cpu/cpu_kernels.h"
 
 namespace flashlab {
 
-std::span<const KernelEntry> cpu_kernels() noexcept {
-  static const KernelEntry entries[] = {cpu_reference_entry(), cpu_flash_entry()};
+#define FL_KERNEL(f) KernelEntry f();
+#include "kernel_list.h"
+#undef FL_KERNEL
+
+namespace {
+
+constexpr size_t kCount = 0
+#define FL_KERNEL(f) +1
+#include "kernel_list.h"
+#undef FL_KERNEL
+    ;
+
+const std::array<KernelEntry, kCount>& table() noexcept {
+  static const std::array<KernelEntry, kCount> entries = {
+#define FL_KERNEL(f) f(),
+#include "kernel_list.h"
+#undef FL_KERNEL
+  };
   return entries;
 }
 
-std::span<const KernelEntry> registry() noexcept {
-  static const std::vector<KernelEntry> all = [] {
-    std::vector<KernelEntry> v;
-    for (const KernelEntry& e : cpu_kernels()) v.push_back(e);
-#if FLASHLAB_WITH_CUDA
-    for (const KernelEntry& e : cuda_kernels()) v.push_back(e);
-#endif
-    return v;
-  }();
-  return all;
-}
+}  // namespace
+
+std::span<const KernelEntry> registry() noexcept { return table(); }
 
 std::span<const KernelInfo> kernels() noexcept {
-  static const std::vector<KernelInfo> infos = [] {
-    std::vector<KernelInfo> v;
-    for (const KernelEntry& e : registry()) v.push_back(e.info);
+  static const std::array<KernelInfo, kCount> infos = [] {
+    std::array<KernelInfo, kCount> v{};
+    for (size_t i = 0; i < kCount; ++i) v[i] = table()[i].info;
     return v;
   }();
   return infos;

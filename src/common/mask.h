@@ -5,8 +5,11 @@
 // Alignment is bottom-right (FlashAttention >= 2.1): in a sequence with len_q queries and
 // len_k keys, query row i sits on the diagonal key  diag(i) = i + len_k - len_q.
 // Row i sees keys j with  diag(i) - window_left <= j <= diag(i) + window_right  (a bound of
-// -1 is unbounded) and 0 <= j < len_k. Causal is window_right = 0 (folded in by
-// validation). A row that sees no key writes 0 and LSE = -inf.
+// -1 is unbounded) and 0 <= j < len_k. A bound means exactly that, whatever its size:
+// unlike FlashAttention-2, a right bound >= seqlen_k is not read as unbounded, which differs
+// when seqlen_q > seqlen_k (window (-1, 2) with seqlen_q 4, seqlen_k 2 gives row 0 key 0 only).
+// Causal is window_right = 0. MaskPolicy::make is the one place that folds causal in and
+// drops bounds that cannot bind. A row that sees no key writes 0 and LSE = -inf.
 //
 //   len_q = 3, len_k = 5, causal           window (1, 0)
 //        k0 k1 k2 k3 k4                     k0 k1 k2 k3 k4
@@ -32,6 +35,22 @@ struct MaskPolicy {
   int window_left = -1;   // -1: unbounded on the left
   int window_right = -1;  // -1: unbounded on the right; 0 with causal
   float softcap = 0.f;    // 0: off
+
+  // The caller's (window_left, window_right, causal) for a problem of at most seqlen_q
+  // queries and seqlen_k keys per sequence. Causal sets the right bound to 0. A bound that
+  // cannot exclude any key of any row becomes -1, so kernels take their unmasked paths:
+  // row i's left edge i + len_k - len_q - left is <= 0 for every row when left >= len_k - 1,
+  // and its right edge i + len_k - len_q + right + 1 is >= len_k when right >= len_q - 1.
+  // Both hold for every sequence of a varlen batch, whose lengths are at most seqlen_q/k.
+  static MaskPolicy make(int window_left, int window_right, bool causal, int64_t seqlen_q,
+                         int64_t seqlen_k, float softcap) {
+    MaskPolicy m;
+    m.window_left = window_left < 0 || window_left >= seqlen_k - 1 ? -1 : window_left;
+    const int right = causal ? 0 : window_right;
+    m.window_right = right < 0 || right >= seqlen_q - 1 ? -1 : right;
+    m.softcap = softcap;
+    return m;
+  }
 
   FL_HOST_DEVICE bool is_local() const { return window_left >= 0 || window_right >= 0; }
 

@@ -1,6 +1,6 @@
-// The kernel registry: every kernel, CPU or GPU, ladder rung or production, is one entry.
-// Dispatch, the tests and the benchmark iterate over it, so a new kernel is tested and
-// measured the moment it is registered.
+// The kernel registry: every kernel, CPU or GPU, ladder rung or production, is one entry,
+// listed once in src/kernel_list.h. Dispatch, the tests and the benchmark iterate over it,
+// so a new kernel is tested and measured the moment it is registered.
 #pragma once
 
 #include <span>
@@ -26,12 +26,7 @@ struct KernelEntry {
   Status (*run_bwd)(const BwdParams& p) = nullptr;
 };
 
+// Every entry of src/kernel_list.h, in its order.
 std::span<const KernelEntry> registry() noexcept;
-
-// Registration lists, one per backend (defined next to the kernels).
-std::span<const KernelEntry> cpu_kernels() noexcept;
-#if FLASHLAB_WITH_CUDA
-std::span<const KernelEntry> cuda_kernels() noexcept;
-#endif
 
 }  // namespace flashlab

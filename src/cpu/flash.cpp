@@ -48,7 +48,7 @@
 #include "common/mask.h"
 #include "common/params.h"
 #include "common/registry.h"
-#include "cpu/cpu_kernels.h"
+#include "common/registry.h"
 
 namespace flashlab {
 namespace {

@@ -21,7 +21,7 @@
 #include "common/dtype.h"
 #include "common/params.h"
 #include "common/registry.h"
-#include "cpu/cpu_kernels.h"
+#include "common/registry.h"
 
 namespace flashlab {
 namespace {

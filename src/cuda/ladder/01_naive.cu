@@ -20,7 +20,7 @@
 #include <string>
 
 #include "cuda/common.cuh"
-#include "cuda/cuda_kernels.h"
+#include "common/registry.h"
 
 namespace flashlab::cuda {
 namespace {

@@ -38,7 +38,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
-#include "cuda/cuda_kernels.h"
+#include "common/registry.h"
 #include "cuda/ladder/simt_fwd_tiles.cuh"
 
 namespace flashlab::cuda {

@@ -37,7 +37,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
-#include "cuda/cuda_kernels.h"
+#include "common/registry.h"
 
 namespace flashlab::cuda {
 namespace {

@@ -45,7 +45,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
-#include "cuda/cuda_kernels.h"
+#include "common/registry.h"
 #include "cuda/ladder/simt_common.cuh"
 
 namespace flashlab::cuda {

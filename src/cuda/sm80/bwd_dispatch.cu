@@ -9,7 +9,7 @@
 #include <string>
 
 #include "cuda/common.cuh"
-#include "cuda/cuda_kernels.h"
+#include "common/registry.h"
 #include "cuda/sm80/dispatch_common.h"
 #include "cuda/sm80/bwd_instance.h"
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cuda/common.cuh"
-#include "cuda/cuda_kernels.h"
+#include "common/registry.h"
 #include "cuda/sm80/dispatch_common.h"
 #include "cuda/sm80/fwd_instance.h"
 
@@ -61,7 +61,9 @@ Status run(const FwdParams& p) {
 
 namespace flashlab {
 
-KernelEntry cute_fa2_fwd_entry() {
+void cute_fa2_add_backward(KernelEntry& e);  // src/cuda/sm80/bwd_dispatch.cu
+
+KernelEntry cute_fa2_entry() {
   KernelEntry e;
   e.info = {"cute_fa2", "sm80+",
             "CuTe FlashAttention-2 (sm80 path): TiledMMA m16n8k16, cp.async, swizzled smem, "

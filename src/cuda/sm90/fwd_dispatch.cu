@@ -11,7 +11,7 @@
 #include <string>
 
 #include "cuda/common.cuh"
-#include "cuda/cuda_kernels.h"
+#include "common/registry.h"
 #include "cuda/sm90/fwd_instance.h"
 
 namespace flashlab::sm90 {
@@ -159,7 +159,7 @@ Status run_ablation(const FwdParams& p) {
 
 namespace flashlab {
 
-KernelEntry cute_fa3_fwd_entry() {
+KernelEntry cute_fa3_entry() {
   KernelEntry e;
   e.info = {"cute_fa3", "sm90a",
             "CuTe Hopper forward (sm_90a): TMA loads into K/V rings on mbarriers, wgmma "
@@ -215,3 +215,12 @@ KernelEntry cute_fa3_ablation_entry(int which) {
 }
 
 }  // namespace flashlab
+
+#if FLASHLAB_ABLATIONS
+namespace flashlab {
+KernelEntry cute_fa3_no_pingpong_entry() { return cute_fa3_ablation_entry(0); }
+KernelEntry cute_fa3_no_overlap_entry() { return cute_fa3_ablation_entry(1); }
+KernelEntry cute_fa3_serial_entry() { return cute_fa3_ablation_entry(2); }
+KernelEntry cute_fa3_persistent_entry() { return cute_fa3_ablation_entry(3); }
+}  // namespace flashlab
+#endif

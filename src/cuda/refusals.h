@@ -1,0 +1,61 @@
+// The refusals CUDA kernels share: each returns "" when the call passes, else the reason in
+// words, so every entry's supports() says the same thing the same way. Host-only (no CUDA
+// headers), so dispatch files and tests can include it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/params.h"
+#include "flashlab/flashlab.h"
+
+namespace flashlab::cuda {
+
+// What a kernel's inputs may be: any CUDA float type the SIMT rungs take, or the fp16/bf16
+// that tensor-core MMAs take.
+enum class Inputs { kFloat, kHalf };
+
+// The tensors are CUDA tensors of a dtype the kernel takes (`engine` names what needs fp16/bf16,
+// e.g. "the m16n8k16 tensor-core MMA").
+inline std::string refuse_placement(const AttnParams& p, Inputs inputs, const char* engine = "") {
+  if (p.device != Device::kCUDA) return "runs on CUDA tensors only";
+  if (inputs == Inputs::kFloat) {
+    if (p.dtype == DType::kF64) return "fp64 is not supported (fp32, fp16, bf16 are)";
+    return "";
+  }
+  if (p.dtype != DType::kF16 && p.dtype != DType::kBF16)
+    return std::string(to_string(p.dtype)) + " is not supported: " + engine +
+           " takes fp16 or bf16 inputs";
+  return "";
+}
+
+// head_dim == head_dim_v, for kernels that tile Q·Kᵀ and P·V with one head dim.
+inline std::string refuse_unequal_head_dims(const AttnParams& p) {
+  if (p.head_dim != p.head_dim_v)
+    return "head_dim (" + std::to_string(p.head_dim) + ") must equal head_dim_v (" +
+           std::to_string(p.head_dim_v) + ")";
+  return "";
+}
+
+// Grids that put heads on y and batch on z (at most 65535 each).
+inline std::string refuse_grid_heads_batch(const AttnParams& p) {
+  if (p.heads_q > 65535) return "heads_q must be <= 65535 (grid y)";
+  if (p.batch > 65535) return "batch must be <= 65535 (grid z)";
+  return "";
+}
+
+// Grids that put batch·heads_q on one axis of at most `limit` blocks.
+inline std::string refuse_grid_batch_heads(const AttnParams& p, int64_t limit, const char* axis) {
+  if (int64_t(p.batch) * p.heads_q > limit)
+    return std::string("batch·heads_q must be <= ") + std::to_string(limit) + " (grid " + axis +
+           ")";
+  return "";
+}
+
+}  // namespace flashlab::cuda
+
+// Returns the first non-empty refusal of a list of checks from the enclosing supports().
+#define FL_REFUSE_IF(expr)                           \
+  do {                                               \
+    if (std::string why_ = (expr); !why_.empty()) return why_; \
+  } while (0)

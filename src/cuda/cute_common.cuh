@@ -10,6 +10,7 @@
 
 #include <cmath>
 
+#include "common/constants.h"
 #include "common/mask.h"
 #include "common/params.h"
 #include "cuda/common.cuh"
@@ -29,8 +30,8 @@ struct ElementFor<DType::kBF16> {
   using type = cutlass::bfloat16_t;
 };
 
-constexpr float kLog2e = 1.4426950408889634f;  // nats → log2 units
-constexpr float kLn2 = 0.6931471805599453f;    // log2 units → nats (the LSE)
+using ::flashlab::kLn2;    // common/constants.h: log2 units → nats (the LSE)
+using ::flashlab::kLog2e;  // nats → log2 units
 
 // 2^x on the special-function unit; 2^-inf = +0, which is what a masked logit needs.
 __device__ __forceinline__ float exp2_approx(float x) {

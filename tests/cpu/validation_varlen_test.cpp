@@ -1,0 +1,127 @@
+// Validation of the varlen arguments: cu_seqlens (rank, dtype, device, contents) and
+// max_seqlen, with zero-length sequences as valid edge cases.
+#include "cpu/validation_fixture.h"
+
+namespace flashlab::test {
+namespace {
+
+TEST_F(VarlenValidationTest, ValidWithZeroLengthSequences) {
+  ASSERT_OK(forward(vfwd()));
+  EXPECT_TRUE(vout.written_exactly("out"));
+  EXPECT_TRUE(vlse.written_exactly("lse"));
+  // Sequence 2 has 3 queries and no keys: out 0, lse -inf.
+  for (int64_t t = 2; t < 5; ++t)
+    for (int h = 0; h < Hq; ++h) {
+      EXPECT_EQ(vlse.get(h * 5 + t), -std::numeric_limits<double>::infinity());
+      for (int d = 0; d < D; ++d) EXPECT_EQ(vout.get((t * Hq + h) * D + d), 0.0);
+    }
+}
+
+TEST_F(VarlenValidationTest, CuSeqlensBothOrNeither) {
+  ForwardArgs a = vfwd();
+  a.maybe_cu_seqlens_k = Tensor{};
+  expect_varlen_rejected(a, {"maybe_cu_seqlens_q and maybe_cu_seqlens_k must both be given"});
+}
+
+TEST_F(VarlenValidationTest, VarlenTensorsHaveRank3) {
+  ForwardArgs a = vfwd();
+  a.q = q.view();  // [B, S, H, D] with cu_seqlens
+  expect_varlen_rejected(a, {"q must have rank 3", "[total_q, heads_q, head_dim]"});
+}
+
+TEST_F(VarlenValidationTest, CuSeqlensRank) {
+  ForwardArgs a = vfwd();
+  a.maybe_cu_seqlens_q.rank = 2;
+  expect_varlen_rejected(a, {"maybe_cu_seqlens_q must have rank 1"});
+}
+
+TEST_F(VarlenValidationTest, CuSeqlensDtype) {
+  ForwardArgs a = vfwd();
+  a.maybe_cu_seqlens_k.dtype = DType::kF32;
+  expect_varlen_rejected(a, {"maybe_cu_seqlens_k.dtype must be int32"});
+}
+
+TEST_F(VarlenValidationTest, CuSeqlensDevice) {
+  ForwardArgs a = vfwd();
+  a.maybe_cu_seqlens_q = on_cuda(a.maybe_cu_seqlens_q, 0x100000);
+  expect_varlen_rejected(a, {"maybe_cu_seqlens_q must be on the device of q"});
+}
+
+TEST_F(VarlenValidationTest, CuSeqlensEmpty) {
+  ForwardArgs a = vfwd();
+  a.maybe_cu_seqlens_q.shape[0] = 0;
+  a.maybe_cu_seqlens_k.shape[0] = 0;
+  expect_varlen_rejected(a, {"maybe_cu_seqlens_q must have batch + 1 >= 1 entries"});
+}
+
+TEST_F(VarlenValidationTest, CuSeqlensLengthsDiffer) {
+  ForwardArgs a = vfwd();
+  a.maybe_cu_seqlens_k.shape[0] = 3;
+  expect_varlen_rejected(a, {"maybe_cu_seqlens_q and maybe_cu_seqlens_k must have the same length"});
+}
+
+TEST_F(VarlenValidationTest, NegativeMaxSeqlen) {
+  ForwardArgs a = vfwd();
+  a.max_seqlen_q = -1;
+  expect_varlen_rejected(a, {"max_seqlen_q must be >= 0"});
+  a = vfwd();
+  a.max_seqlen_k = -1;
+  expect_varlen_rejected(a, {"max_seqlen_k must be >= 0"});
+}
+
+TEST_F(VarlenValidationTest, TotalTokensMismatch) {
+  ForwardArgs a = vfwd();
+  a.v.shape[0] = 4;
+  expect_varlen_rejected(a, {"v.shape[0] (total_k) must be 5"});
+  a = vfwd();
+  a.out.shape[0] = 6;
+  expect_varlen_rejected(a, {"out.shape[0] (total_q) must be 5"});
+  a = vfwd();
+  a.maybe_lse.shape[1] = 4;
+  expect_varlen_rejected(a, {"maybe_lse.shape[1] (total_q) must be 5"});
+}
+
+TEST_F(VarlenValidationTest, CuSeqlensMustStartAtZero) {
+  cu_q.assign({1, 2, 2, 5});
+  expect_varlen_rejected(vfwd(), {"maybe_cu_seqlens_q[0] must be 0"});
+}
+
+TEST_F(VarlenValidationTest, CuSeqlensMustBeNonDecreasing) {
+  cu_k.assign({0, 3, 1, 5});
+  expect_varlen_rejected(vfwd(), {"maybe_cu_seqlens_k must be non-decreasing"});
+}
+
+TEST_F(VarlenValidationTest, SequenceLongerThanMaxSeqlen) {
+  ForwardArgs a = vfwd();
+  a.max_seqlen_k = 3;
+  expect_varlen_rejected(a, {"maybe_cu_seqlens_k: sequence 1 has length 4 > max_seqlen_k = 3"});
+}
+
+TEST_F(VarlenValidationTest, CuSeqlensBeyondPackedRows) {
+  cu_q.assign({0, 2, 2, 6});
+  ForwardArgs a = vfwd();
+  a.max_seqlen_q = 4;
+  expect_varlen_rejected(a, {"maybe_cu_seqlens_q[3] = 6 exceeds the 5 rows"});
+}
+
+TEST_F(VarlenValidationTest, AllSequencesEmptyIsValid) {
+  cu_q.assign({0, 0, 0, 0});
+  cu_k.assign({0, 0, 0, 0});
+  HostTensor e_q(DType::kF32, {0, Hq, D}), e_k(DType::kF32, {0, Hkv, D}), e_o(DType::kF32, {0, Hq, D}),
+      e_l(DType::kF32, {Hq, 0});
+  e_o.poison();
+  e_l.poison();
+  ForwardArgs a = vfwd();
+  a.q = e_q.view();
+  a.k = e_k.view();
+  a.v = e_k.view();
+  a.out = e_o.view();
+  a.maybe_lse = e_l.view();
+  a.max_seqlen_q = a.max_seqlen_k = 0;
+  EXPECT_OK(forward(a));
+  EXPECT_TRUE(e_o.untouched("out"));
+  EXPECT_TRUE(e_l.untouched("lse"));
+}
+
+}  // namespace
+}  // namespace flashlab::test

@@ -10,7 +10,7 @@
 // it refuses (through supports()) calls above the caller's quadratic_workspace_limit.
 // Every later rung removes some of that traffic.
 //
-// Measured on H100 (2026-11-22, `flashlab bench --ladder`, batch 4, heads 16, seqlen 4096,
+// Measured on H100 80GB HBM3 (`flashlab bench --ladder`, batch 4, heads 16, seqlen 4096,
 // head dim 128, bf16): 599 ms, 0.92 TFLOP/s (causal 0.84), 4.00 GiB of workspace; ncu: the
 // three kernels move 17 GB through HBM. At seqlen 16384 it refuses (16 GiB > the 4 GiB
 // default limit) unless the caller raises quadratic_workspace_limit. docs/ladder/01-naive.md.
@@ -20,6 +20,7 @@
 #include <string>
 
 #include "cuda/common.cuh"
+#include "cuda/refusals.h"
 #include "common/registry.h"
 
 namespace flashlab::cuda {
@@ -118,9 +119,8 @@ size_t workspace(const FwdParams& p) {
 }
 
 std::string supports(const FwdParams& p) {
-  if (p.device != Device::kCUDA) return "runs on CUDA tensors only";
-  if (p.dtype == DType::kF64) return "fp64 is not supported (fp32, fp16, bf16 are)";
-  if (int64_t(p.batch) * p.heads_q > 65535) return "batch·heads_q must be <= 65535 (grid z)";
+  FL_REFUSE_IF(refuse_placement(p, Inputs::kFloat));
+  FL_REFUSE_IF(refuse_grid_batch_heads(p, 65535, "z"));
   if (p.seqlen_q > 65535 * kTileQueries) return "seqlen_q is too long for the grid";
   const size_t ws = workspace(p);
   if (ws > p.quadratic_workspace_limit)
@@ -131,7 +131,6 @@ std::string supports(const FwdParams& p) {
 }
 
 Status run(const FwdParams& p) {
-  if (p.seqlen_q == 0) return {};  // varlen with max_seqlen_q = 0: no row to write
   DeviceGuard guard(p.device_index);
   auto stream = static_cast<cudaStream_t>(p.stream);
   float* S = static_cast<float*>(p.workspace);  // [batch·heads_q, seqlen_q, seqlen_k]
@@ -159,16 +158,17 @@ Status run(const FwdParams& p) {
 namespace flashlab {
 
 KernelEntry naive_entry() {
-  KernelEntry e;
-  e.info = {"naive", "sm80+",
-            "rung 1: three kernels (QKᵀ, softmax, PV) through an O(seqlen²) fp32 score matrix "
-            "in HBM; fp32/fp16/bf16, every mask, GQA, varlen; forward only",
-            true, false};
-  e.auto_priority = 0;  // a teaching rung: only run when named
-  e.supports_fwd = cuda::supports;
-  e.workspace_fwd = cuda::workspace;
-  e.run_fwd = cuda::run;
-  return e;
+  return {.info = {.name = "naive",
+                   .arch = "sm80+",
+                   .summary = "rung 1: three kernels (QKᵀ, softmax, PV) through an O(seqlen²) fp32 "
+                              "score matrix in HBM; fp32/fp16/bf16, every mask, GQA, varlen; "
+                              "forward only",
+                   .has_forward = true,
+                   .has_backward = false},
+          .auto_priority = 0,  // a teaching rung: only run when named
+          .supports_fwd = cuda::supports,
+          .workspace_fwd = cuda::workspace,
+          .run_fwd = cuda::run};
 }
 
 }  // namespace flashlab

@@ -35,7 +35,8 @@
 //   and a warp owns 8 rows (its two row groups) that no other warp touches: P goes through
 //   shared memory between the two products with only a warp barrier.
 //
-// Measured on H100 (2026-11-22, batch 4, heads 16, seqlen 4096, head dim 128, bf16):
+// Measured on H100 80GB HBM3 (`flashlab bench --ladder`, batch 4, heads 16, seqlen 4096,
+// head dim 128, bf16):
 // 24.3 ms, 22.7 TFLOP/s (causal 22.2), 24.7x naive, 130 MiB of workspace (O(seqlen)); ncu:
 // 11.9 GB read and 8.3 GB written in HBM, the running O, ℓ, m round trips.
 // docs/ladder/02-fa1.md.
@@ -49,6 +50,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/refusals.h"
 #include "common/registry.h"
 #include "cuda/ladder/simt_fwd_tiles.cuh"
 
@@ -330,11 +332,7 @@ template <class T, int kHeadDim>
 Status launch(const FwdParams& p, const Workspace& ws, int splits) {
   const auto kernel = fa1_kernel<T, kHeadDim>;
   constexpr int kSmem = smem_bytes(kHeadDim);
-  FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  // K/V/Q go global → registers → shared, and O is touched once per step: give the SM's
-  // unified L1/shared storage to shared memory, so that min_blocks_per_sm blocks fit.
-  FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     cudaSharedmemCarveoutMaxShared));
+  if (Status s = prepare_simt_fwd_launch(kernel, kSmem); !s.ok()) return s;
   const dim3 grid(splits, p.heads_q, p.batch);
   kernel<<<grid, kThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(p, ws);
   FL_CUDA_CHECK_LAUNCH();
@@ -342,24 +340,12 @@ Status launch(const FwdParams& p, const Workspace& ws, int splits) {
 }
 
 std::string supports(const FwdParams& p) {
-  if (p.device != Device::kCUDA) return "runs on CUDA tensors only";
-  if (p.dtype == DType::kF64) return "fp64 is not supported (fp32, fp16, bf16 are)";
-  const int bucket = head_dim_bucket(p);
-  if (bucket == 0)
-    return "head_dim and head_dim_v must be <= 256 (run as 64, 128 or 256 with zero padding), got " +
-           std::to_string(p.head_dim) + " and " + std::to_string(p.head_dim_v);
-  if (p.heads_q > 65535) return "heads_q must be <= 65535 (grid y)";
-  if (p.batch > 65535) return "batch must be <= 65535 (grid z)";
-  const void* kernel = nullptr;
-  dispatch(p, [&]<class T, int kHeadDim>() -> Status {
-    kernel = reinterpret_cast<const void*>(&fa1_kernel<T, kHeadDim>);
-    return {};
+  return supports_simt_fwd(p, []<class T, int kHeadDim>() {
+    return reinterpret_cast<const void*>(&fa1_kernel<T, kHeadDim>);
   });
-  return device_supports(p.device_index, smem_bytes(bucket), kernel);
 }
 
 Status run(const FwdParams& p) {
-  if (p.seqlen_q == 0 || p.batch == 0 || p.heads_q == 0) return {};  // no row to write
   if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
     return {StatusCode::kInvalidArgument, "fa1 needs a 16-byte aligned workspace (it is read as float4)"};
   DeviceGuard guard(p.device_index);
@@ -381,17 +367,18 @@ Status run(const FwdParams& p) {
 namespace flashlab {
 
 KernelEntry fa1_entry() {
-  KernelEntry e;
-  e.info = {"fa1", "sm80+",
-            "rung 2: FlashAttention-1's Algorithm 1 on CUDA cores: K/V blocks outside, Q blocks "
-            "inside, running O/m/ℓ through an O(seqlen) fp32 workspace in HBM; fp32/fp16/bf16, "
-            "head dims <= 256, every mask, GQA, varlen; forward only",
-            true, false};
-  e.auto_priority = 0;  // a teaching rung: only run when named
-  e.supports_fwd = cuda::supports;
-  e.workspace_fwd = cuda::workspace;
-  e.run_fwd = cuda::run;
-  return e;
+  return {.info = {.name = "fa1",
+                   .arch = "sm80+",
+                   .summary = "rung 2: FlashAttention-1's Algorithm 1 on CUDA cores: K/V blocks "
+                              "outside, Q blocks inside, running O/m/ℓ through an O(seqlen) fp32 "
+                              "workspace in HBM; fp32/fp16/bf16, head dims <= 256, every mask, GQA,"
+                              " varlen; forward only",
+                   .has_forward = true,
+                   .has_backward = false},
+          .auto_priority = 0,  // a teaching rung: only run when named
+          .supports_fwd = cuda::supports,
+          .workspace_fwd = cuda::workspace,
+          .run_fwd = cuda::run};
 }
 
 }  // namespace flashlab

@@ -24,7 +24,8 @@
 // long as the fragments arrive fast enough (ldmatrix, no bank conflicts) and global loads
 // overlap the math (cp.async double buffering).
 //
-// Measured on H100 (2026-11-22, batch 4, heads 16, seqlen 4096, head dim 128, bf16):
+// Measured on H100 80GB HBM3 (`flashlab bench --ladder`, batch 4, heads 16, seqlen 4096,
+// head dim 128, bf16):
 // 1.77 ms, 310 TFLOP/s (causal 279 TFLOP/s, 1.80x faster per call), 9.35x fa2_simt; head
 // dim 64: 273 TFLOP/s. ncu: HMMA pipe 48.8 % busy, 12.5 % of warps active, ~1.4 k smem
 // bank conflicts (fa2_simt: ~295 k). docs/ladder/04-fa2-mma.md.
@@ -37,13 +38,13 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/refusals.h"
+#include "common/constants.h"
 #include "common/registry.h"
 
 namespace flashlab::cuda {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;  // logits in nats → log2 units (softcap path)
-constexpr float kLn2 = 0.6931471805599453f;    // LSE in log2 units → natural log
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // ---- compile-time shape of the kernel ------------------------------------------------------
@@ -563,24 +564,16 @@ const void* kernel_for(const FwdParams& p) {
 }
 
 std::string supports(const FwdParams& p) {
-  if (p.device != Device::kCUDA) return "runs on CUDA tensors only";
-  if (p.dtype != DType::kF16 && p.dtype != DType::kBF16)
-    return std::string(to_string(p.dtype)) +
-           " is not supported: the m16n8k16 tensor-core MMA takes fp16 or bf16 inputs "
-           "(the SIMT rungs take fp32)";
-  if (p.head_dim != p.head_dim_v)
-    return "head_dim (" + std::to_string(p.head_dim) + ") must equal head_dim_v (" +
-           std::to_string(p.head_dim_v) + ")";
+  FL_REFUSE_IF(refuse_placement(p, Inputs::kHalf, "the m16n8k16 tensor-core MMA"));
+  FL_REFUSE_IF(refuse_unequal_head_dims(p));
   if (p.head_dim != 64 && p.head_dim != 128)
     return "head_dim must be 64 or 128, got " + std::to_string(p.head_dim);
-  if (p.heads_q > 65535) return "heads_q must be <= 65535 (grid y)";
-  if (p.batch > 65535) return "batch must be <= 65535 (grid z)";
+  FL_REFUSE_IF(refuse_grid_heads_batch(p));
   return device_supports(p.device_index, smem_bytes(p.head_dim),
                          reinterpret_cast<const void*>(kernel_for(p)));
 }
 
 Status run(const FwdParams& p) {
-  if (p.seqlen_q == 0 || p.batch == 0 || p.heads_q == 0) return {};  // no row to write
   DeviceGuard guard(p.device_index);
   return p.dtype == DType::kF16 ? launch_dtype<__half>(p) : launch_dtype<__nv_bfloat16>(p);
 }
@@ -591,16 +584,17 @@ Status run(const FwdParams& p) {
 namespace flashlab {
 
 KernelEntry fa2_mma_entry() {
-  KernelEntry e;
-  e.info = {"fa2_mma", "sm80+",
-            "rung 4: FlashAttention-2 forward on tensor cores by hand: mma.sync m16n8k16, "
-            "ldmatrix, cp.async double-buffered K/V, swizzled smem, P in registers; "
-            "fp16/bf16, head dim 64/128, every mask, GQA, varlen; forward only",
-            true, false};
-  e.auto_priority = 30;  // auto's GPU forward until the production (CuTe) kernels land
-  e.supports_fwd = cuda::supports;
-  e.run_fwd = cuda::run;
-  return e;
+  return {.info = {.name = "fa2_mma",
+                   .arch = "sm80+",
+                   .summary = "rung 4: FlashAttention-2 forward on tensor cores by hand: mma.sync "
+                              "m16n8k16, ldmatrix, cp.async double-buffered K/V, swizzled smem, P "
+                              "in registers; fp16/bf16, head dim 64/128, every mask, GQA, varlen; "
+                              "forward only",
+                   .has_forward = true,
+                   .has_backward = false},
+          .auto_priority = 30,  // auto's GPU forward until the production (CuTe) kernels land
+          .supports_fwd = cuda::supports,
+          .run_fwd = cuda::run};
 }
 
 }  // namespace flashlab

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <algorithm>
+#include <string>
 
 #include "cuda/ladder/simt_common.cuh"
+#include "cuda/refusals.h"
 
 namespace flashlab::cuda::simt {
 
@@ -47,6 +49,36 @@ Status dispatch(const FwdParams& p, F&& f) {
       default: return f.template operator()<T, 256>();
     }
   });
+}
+
+// supports() of both SIMT forward rungs: any CUDA float type, head dims up to 256 (in the
+// buckets above), heads on grid y and batch on z, and the device half for the instantiation
+// `kernel_of.template operator()<T, kHeadDim>()` names.
+template <class KernelOf>
+std::string supports_simt_fwd(const FwdParams& p, KernelOf&& kernel_of) {
+  FL_REFUSE_IF(refuse_placement(p, Inputs::kFloat));
+  const int bucket = head_dim_bucket(p);
+  if (bucket == 0)
+    return "head_dim and head_dim_v must be <= 256 (run as 64, 128 or 256 with zero padding), got " +
+           std::to_string(p.head_dim) + " and " + std::to_string(p.head_dim_v);
+  FL_REFUSE_IF(refuse_grid_heads_batch(p));
+  const void* kernel = nullptr;
+  dispatch(p, [&]<class T, int kHeadDim>() -> Status {
+    kernel = kernel_of.template operator()<T, kHeadDim>();
+    return {};
+  });
+  return device_supports(p.device_index, smem_bytes(bucket), kernel);
+}
+
+// Launch attributes both rungs set: the dynamic shared memory of their bucket, and the SM's
+// unified L1/shared storage given to shared memory (loads go global → registers → shared and
+// nothing is re-read through L1), so that min_blocks_per_sm blocks fit.
+template <class Kernel>
+Status prepare_simt_fwd_launch(Kernel kernel, int smem) {
+  FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared));
+  return {};
 }
 
 // ---- shared-memory tiles -----------------------------------------------------------------

@@ -1,0 +1,299 @@
+// The low-precision yardstick of the correctness rule (docs/DESIGN.md): a straightforward
+// attention in the input dtype, rounded where PyTorch's math path rounds (run_lowp), and an
+// emulation of FlashAttention-2's own rounding points (run_fa2_emulation) that shows the
+// rule is not tighter than what a real FlashAttention achieves.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/dtype.h"
+#include "test_util.h"
+
+namespace flashlab::test {
+
+// ---- the low-precision yardstick ----------------------------------------------------------
+
+namespace {
+
+std::vector<float> as_floats(const HostTensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[i] = float(t.get(i));
+  return v;
+}
+
+// Where sequence b starts in the packed row numbering that padded and varlen inputs
+// share, and where LSE row (b, h, i) lives: the bookkeeping of both emulations below.
+struct Packing {
+  explicit Packing(const Problem& p)
+      : varlen(p.varlen()), heads_q(p.heads_q), seqlen_q(p.seqlen_q), total_q(p.total_q()),
+        start_q(size_t(p.batch) + 1, 0), start_k(size_t(p.batch) + 1, 0) {
+    for (int b = 0; b < p.batch; ++b) {
+      start_q[b + 1] = start_q[b] + (varlen ? p.lens_q[b] : p.seqlen_q);
+      start_k[b + 1] = start_k[b] + (varlen ? p.lens_k[b] : p.seqlen_k);
+    }
+  }
+  int64_t lse_index(int b, int h, int i) const {
+    if (varlen) return int64_t(h) * total_q + start_q[b] + i;
+    return (int64_t(b) * heads_q + h) * seqlen_q + i;
+  }
+  bool varlen;
+  int heads_q, seqlen_q;
+  int64_t total_q;
+  std::vector<int64_t> start_q, start_k;
+};
+
+// Outputs of the right sizes, zeroed (rows a sequence leaves unwritten stay 0).
+Results zero_results(const Problem& p, bool with_backward) {
+  const int64_t Tq = p.total_q(), Tk = p.total_k();
+  Results r;
+  r.out.assign(size_t(Tq * p.heads_q * p.head_dim_v), 0.0);
+  r.lse.assign(size_t(Tq * p.heads_q), 0.0);
+  if (with_backward) {
+    r.dq.assign(size_t(Tq * p.heads_q * p.head_dim), 0.0);
+    r.dk.assign(size_t(Tk * p.heads_kv * p.head_dim), 0.0);
+    r.dv.assign(size_t(Tk * p.heads_kv * p.head_dim_v), 0.0);
+  }
+  return r;
+}
+
+}  // namespace
+
+Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
+  const DType dt = p.dtype;
+  auto rnd = [dt](float x) { return round_to(dt, x); };
+  const MaskPolicy mask = mask_of(p);
+  const float scale = scale_of(p);
+  // PyTorch multiplies q by -sqrt(|scale|) for a negative scale.
+  const float root = float(std::sqrt(std::abs(double(scale))));
+  const float q_mul = scale < 0.f ? -root : root, k_mul = root;
+  const float cap = p.softcap;
+  const DropoutPolicy drop = dropout_of(p);
+  const int B = p.batch, Hq = p.heads_q, Hkv = p.heads_kv, G = Hq / Hkv;
+  const int D = p.head_dim, Dv = p.head_dim_v;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+  std::vector<float> Qs = as_floats(in.q), Ks = as_floats(in.k);
+  for (float& x : Qs) x = rnd(x * q_mul);
+  for (float& x : Ks) x = rnd(x * k_mul);
+  const std::vector<float> V = as_floats(in.v), dO = as_floats(in.dout);
+  // Row r of sequence b, in the packed numbering both layouts share.
+  const Packing pk(p);
+  const std::vector<int64_t>&start_q = pk.start_q, &start_k = pk.start_k;
+  auto lse_index = [&](int b, int h, int i) { return pk.lse_index(b, h, i); };
+  Results r = zero_results(p, with_backward);
+
+  const int tasks = B * Hkv;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int t = 0; t < tasks; ++t) {
+    const int b = t / Hkv, hk = t % Hkv;
+    const int lq = int(start_q[b + 1] - start_q[b]), lk = int(start_k[b + 1] - start_k[b]);
+    auto q_at = [&](int i, int h) { return Qs.data() + size_t(((start_q[b] + i) * Hq + h) * D); };
+    auto do_at = [&](int i, int h) { return dO.data() + size_t(((start_q[b] + i) * Hq + h) * Dv); };
+    auto k_at = [&](int j) { return Ks.data() + size_t(((start_k[b] + j) * Hkv + hk) * D); };
+    auto v_at = [&](int j) { return V.data() + size_t(((start_k[b] + j) * Hkv + hk) * Dv); };
+    // Dropout's factor (torch: x · mask · 1/(1 − p)): 0, 1/(1 − p), or 1 when off.
+    auto zf = [&](int h, int i, int j) {
+      if (!drop.enabled()) return 1.f;
+      return drop.keep(uint32_t(b * Hq + h), i, j) ? drop.rescale : 0.f;
+    };
+
+    // Per (row, key) of one head: U (the rounded tanh, softcap only), P, then dS.
+    std::vector<float> U(size_t(lq) * lk), P(size_t(lq) * lk), dS(size_t(lq) * lk);
+    std::vector<float> dk_sum(size_t(lk) * D, 0.f), dv_sum(size_t(lk) * Dv, 0.f);
+    std::vector<float> dk_h(size_t(lk) * D), dv_h(size_t(lk) * Dv), S(lk), acc(std::max(D, Dv));
+
+    for (int h = hk * G; h < (hk + 1) * G; ++h) {
+      for (int i = 0; i < lq; ++i) {
+        const int jb = mask.key_begin(i, lq, lk), je = mask.key_end(i, lq, lk);
+        float* urow = U.data() + size_t(i) * lk;
+        float* prow = P.data() + size_t(i) * lk;
+        std::fill(prow, prow + lk, 0.f);
+        const int64_t orow = ((start_q[b] + i) * Hq + h) * Dv;
+        if (jb >= je) {  // sees no key
+          r.lse[size_t(lse_index(b, h, i))] = -std::numeric_limits<double>::infinity();
+          continue;
+        }
+        float m = kNegInf;
+        for (int j = jb; j < je; ++j) {
+          const float* qi = q_at(i, h);
+          const float* kj = k_at(j);
+          float dot = 0.f;
+          for (int d = 0; d < D; ++d) dot += qi[d] * kj[d];
+          float s = rnd(dot);
+          if (cap > 0.f) {
+            urow[j] = rnd(std::tanh(rnd(s / cap)));
+            s = rnd(urow[j] * cap);
+          }
+          S[j] = s;
+          m = std::max(m, s);
+        }
+        float l = 0.f;
+        for (int j = jb; j < je; ++j) l += std::exp(S[j] - m);
+        r.lse[size_t(lse_index(b, h, i))] = m + std::log(l);
+        for (int j = jb; j < je; ++j) prow[j] = rnd(std::exp(S[j] - m) / l);
+        std::fill(acc.begin(), acc.begin() + Dv, 0.f);
+        for (int j = jb; j < je; ++j) {
+          const float* vj = v_at(j);
+          const float z = rnd(prow[j] * zf(h, i, j));
+          for (int d = 0; d < Dv; ++d) acc[d] += z * vj[d];
+        }
+        for (int d = 0; d < Dv; ++d) r.out[size_t(orow + d)] = rnd(acc[d]);
+      }
+      if (!with_backward) continue;
+
+      std::fill(dv_h.begin(), dv_h.end(), 0.f);
+      std::fill(dk_h.begin(), dk_h.end(), 0.f);
+      for (int i = 0; i < lq; ++i) {
+        const int jb = mask.key_begin(i, lq, lk), je = mask.key_end(i, lq, lk);
+        const float* prow = P.data() + size_t(i) * lk;
+        const float* urow = U.data() + size_t(i) * lk;
+        const float* doi = do_at(i, h);
+        float* dsrow = dS.data() + size_t(i) * lk;
+        float rowsum = 0.f;
+        for (int j = jb; j < je; ++j) {
+          const float* vj = v_at(j);
+          float dp = 0.f;
+          for (int d = 0; d < Dv; ++d) dp += doi[d] * vj[d];
+          const float f = zf(h, i, j);
+          dsrow[j] = f == 1.f ? rnd(dp) : rnd(rnd(dp) * f);  // dP
+          rowsum += dsrow[j] * prow[j];
+          const float z = f == 1.f ? prow[j] : rnd(prow[j] * f);
+          for (int d = 0; d < Dv; ++d) dv_h[size_t(j) * Dv + d] += z * doi[d];
+        }
+        for (int j = jb; j < je; ++j) {
+          float ds = rnd(prow[j] * (dsrow[j] - rowsum));
+          if (cap > 0.f) ds = rnd(rnd(rnd(ds * cap) * (1.f - urow[j] * urow[j])) / cap);
+          dsrow[j] = ds;
+        }
+        std::fill(acc.begin(), acc.begin() + D, 0.f);
+        const float* qi = q_at(i, h);
+        for (int j = jb; j < je; ++j) {
+          const float* kj = k_at(j);
+          for (int d = 0; d < D; ++d) {
+            acc[d] += dsrow[j] * kj[d];
+            dk_h[size_t(j) * D + d] += dsrow[j] * qi[d];
+          }
+        }
+        const int64_t qrow = ((start_q[b] + i) * Hq + h) * D;
+        for (int d = 0; d < D; ++d) r.dq[size_t(qrow + d)] = rnd(rnd(acc[d]) * q_mul);
+      }
+      for (size_t e = 0; e < dk_h.size(); ++e) dk_sum[e] += rnd(rnd(dk_h[e]) * k_mul);
+      for (size_t e = 0; e < dv_h.size(); ++e) dv_sum[e] += rnd(dv_h[e]);
+    }
+    if (!with_backward) continue;
+    for (int j = 0; j < lk; ++j) {
+      const int64_t krow = (start_k[b] + j) * Hkv + hk;
+      for (int d = 0; d < D; ++d) r.dk[size_t(krow * D + d)] = rnd(dk_sum[size_t(j) * D + d]);
+      for (int d = 0; d < Dv; ++d) r.dv[size_t(krow * Dv + d)] = rnd(dv_sum[size_t(j) * Dv + d]);
+    }
+  }
+  return r;
+}
+
+Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward) {
+  const DType dt = p.dtype;
+  auto rnd = [dt](float x) { return round_to(dt, x); };
+  const MaskPolicy mask = mask_of(p);
+  const float scale = scale_of(p);
+  const DropoutPolicy drop = dropout_of(p);
+  const int B = p.batch, Hq = p.heads_q, Hkv = p.heads_kv, G = Hq / Hkv;
+  const int D = p.head_dim, Dv = p.head_dim_v;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+  const std::vector<float> Q = as_floats(in.q), K = as_floats(in.k), V = as_floats(in.v),
+                           dO = as_floats(in.dout);
+  const Packing pk(p);
+  const std::vector<int64_t>&start_q = pk.start_q, &start_k = pk.start_k;
+  auto lse_index = [&](int b, int h, int i) { return pk.lse_index(b, h, i); };
+  Results r = zero_results(p, with_backward);
+
+  const int tasks = B * Hkv;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int t = 0; t < tasks; ++t) {
+    const int b = t / Hkv, hk = t % Hkv;
+    const int lq = int(start_q[b + 1] - start_q[b]), lk = int(start_k[b + 1] - start_k[b]);
+    auto q_at = [&](int i, int h) { return Q.data() + size_t(((start_q[b] + i) * Hq + h) * D); };
+    auto do_at = [&](int i, int h) { return dO.data() + size_t(((start_q[b] + i) * Hq + h) * Dv); };
+    auto k_at = [&](int j) { return K.data() + size_t(((start_k[b] + j) * Hkv + hk) * D); };
+    auto v_at = [&](int j) { return V.data() + size_t(((start_k[b] + j) * Hkv + hk) * Dv); };
+    // Dropout's mask (0 or 1; FA2 applies 1/(1 − p) with the final normalization).
+    auto kept = [&](int h, int i, int j) {
+      return !drop.enabled() || drop.keep(uint32_t(b * Hq + h), i, j) ? 1.f : 0.f;
+    };
+    std::vector<float> S(size_t(lq) * lk), lse(lq), O(size_t(lq) * Dv);
+    std::vector<float> dk_acc(size_t(lk) * D, 0.f), dv_acc(size_t(lk) * Dv, 0.f);
+    std::vector<float> acc(std::max(D, Dv));
+
+    for (int h = hk * G; h < (hk + 1) * G; ++h) {
+      for (int i = 0; i < lq; ++i) {
+        const int jb = mask.key_begin(i, lq, lk), je = mask.key_end(i, lq, lk);
+        float* srow = S.data() + size_t(i) * lk;
+        float* o = O.data() + size_t(i) * Dv;
+        std::fill(o, o + Dv, 0.f);
+        if (jb >= je) {
+          lse[i] = kNegInf;
+          r.lse[size_t(lse_index(b, h, i))] = kNegInf;
+          continue;
+        }
+        float m = kNegInf;
+        for (int j = jb; j < je; ++j) {
+          float dot = 0.f;
+          for (int d = 0; d < D; ++d) dot += q_at(i, h)[d] * k_at(j)[d];
+          srow[j] = mask.logit(dot * scale);
+          m = std::max(m, srow[j]);
+        }
+        float l = 0.f;
+        std::fill(acc.begin(), acc.begin() + Dv, 0.f);
+        for (int j = jb; j < je; ++j) {
+          const float e = std::exp(srow[j] - m);
+          l += e;
+          const float pe = rnd(e) * kept(h, i, j);
+          for (int d = 0; d < Dv; ++d) acc[d] += pe * v_at(j)[d];
+        }
+        lse[i] = m + std::log(l);
+        r.lse[size_t(lse_index(b, h, i))] = lse[i];
+        const int64_t orow = ((start_q[b] + i) * Hq + h) * Dv;
+        for (int d = 0; d < Dv; ++d) {
+          o[d] = rnd(acc[d] / l * drop.rescale);
+          r.out[size_t(orow + d)] = o[d];
+        }
+      }
+      if (!with_backward) continue;
+      for (int i = 0; i < lq; ++i) {
+        const int jb = mask.key_begin(i, lq, lk), je = mask.key_end(i, lq, lk);
+        const float* doi = do_at(i, h);
+        float Di = 0.f;
+        for (int d = 0; d < Dv; ++d) Di += doi[d] * O[size_t(i) * Dv + d];
+        std::fill(acc.begin(), acc.begin() + D, 0.f);
+        for (int j = jb; j < je; ++j) {
+          const float t_ij = S[size_t(i) * lk + j];
+          const float pij = std::exp(t_ij - lse[i]);
+          const float f = kept(h, i, j) * drop.rescale;
+          float dp = 0.f;
+          for (int d = 0; d < Dv; ++d) {
+            dp += doi[d] * v_at(j)[d];
+            dv_acc[size_t(j) * Dv + d] += rnd(pij) * f * doi[d];
+          }
+          dp *= f;
+          const float ds = rnd(pij * (dp - Di) * mask.dlogit(t_ij));
+          for (int d = 0; d < D; ++d) {
+            acc[d] += ds * k_at(j)[d];
+            dk_acc[size_t(j) * D + d] += ds * q_at(i, h)[d];
+          }
+        }
+        const int64_t qrow = ((start_q[b] + i) * Hq + h) * D;
+        for (int d = 0; d < D; ++d) r.dq[size_t(qrow + d)] = rnd(acc[d] * scale);
+      }
+    }
+    if (!with_backward) continue;
+    for (int j = 0; j < lk; ++j) {
+      const int64_t krow = (start_k[b] + j) * Hkv + hk;
+      for (int d = 0; d < D; ++d) r.dk[size_t(krow * D + d)] = rnd(dk_acc[size_t(j) * D + d] * scale);
+      for (int d = 0; d < Dv; ++d) r.dv[size_t(krow * Dv + d)] = rnd(dv_acc[size_t(j) * Dv + d]);
+    }
+  }
+  return r;
+}
+
+}  // namespace flashlab::test

@@ -3,7 +3,7 @@
 // name, then
 //   - every output element written and nothing around the views touched,
 //   - the inputs unchanged,
-//   - out, lse, dq, dk, dv within DESIGN.md's rule: max abs error vs the fp64 oracle
+//   - out, lse, dq, dk, dv within docs/DESIGN.md's rule: max abs error vs the fp64 oracle
 //     <= 2 x that of the low-precision yardstick + 1e-5.
 // A case the kernel does not support (select_kernel says kUnsupported) is counted with
 // its reason; a suite that ran no case at all fails.

@@ -1,6 +1,6 @@
 // What every FlashLab test shares: host tensors that own their storage, fresh random
 // inputs with a reproducible seed, poisoned outputs, error measures, the fp64 oracle
-// (cpu_reference on fp64 copies) and the tolerance yardstick of DESIGN.md's correctness
+// (cpu_reference on fp64 copies) and the tolerance yardstick of docs/DESIGN.md's correctness
 // rule (a straightforward attention in the input dtype, rounded where PyTorch's math path
 // rounds).
 //
@@ -112,7 +112,7 @@ struct MaxError {
 MaxError max_abs_err(const std::vector<double>& got, const std::vector<double>& want);
 std::string describe(const MaxError& e);
 
-// DESIGN.md's correctness rule: the kernel's max abs error against the fp64 oracle must
+// docs/DESIGN.md's correctness rule: the kernel's max abs error against the fp64 oracle must
 // be at most 2x that of the low-precision path, plus 1e-5.
 inline constexpr double kErrFactor = 2.0;
 inline constexpr double kErrSlack = 1e-5;

@@ -4,7 +4,7 @@ masking, GQA, and a row that sees no key giving 0 and LSE −inf.
 
 NumPy (fp64 values and hand-written fp64 gradients) for the NumPy path; torch (any dtype,
 differentiable) for the torch paths, where float64 is the oracle and the input dtype is
-DESIGN.md's yardstick: PyTorch's math path (S and P rounded to the input dtype, softmax in
+docs/DESIGN.md's yardstick: PyTorch's math path (S and P rounded to the input dtype, softmax in
 fp32). A result passes when its max abs error <= 2 x the yardstick's + 1e-5 (check_rule).
 """
 
@@ -83,7 +83,7 @@ def varlen_attention(q, k, v, cu_q, cu_k, **kw) -> Tuple[np.ndarray, np.ndarray]
 
 
 def lowp_attention(q, k, v, *, scale=None, causal=False, window=(-1, -1), softcap=0.0):
-    """The yardstick of DESIGN.md's rule for fp16 inputs: PyTorch's math path rounding points
+    """The yardstick of docs/DESIGN.md's rule for fp16 inputs: PyTorch's math path rounding points
     (S and P rounded to the input dtype, fp32 softmax), computed with NumPy float16."""
     f16 = np.float16
     q, k, v = (np.asarray(x, dtype=f16) for x in (q, k, v))
@@ -241,7 +241,7 @@ def max_err(a, b) -> float:
 
 
 def check_rule(name: str, got, yardstick, oracle) -> None:
-    """DESIGN.md's rule: error(got) <= 2 x error(yardstick) + 1e-5, both against the oracle."""
+    """docs/DESIGN.md's rule: error(got) <= 2 x error(yardstick) + 1e-5, both against the oracle."""
     e, y = max_err(got, oracle), max_err(yardstick, oracle)
     assert e <= 2 * y + 1e-5, f"{name}: error {e:.3g} > 2 x {y:.3g} (yardstick) + 1e-5"
 

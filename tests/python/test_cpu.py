@@ -1,6 +1,6 @@
 """The package on CPU arrays: NumPy through DLPack (forward and attention_backward) and,
 when torch is installed, CPU tensors with autograd and torch.compile, all against the
-oracle in reference.py: a tight absolute bound for fp32/fp64, DESIGN.md's rule for fp16/bf16."""
+oracle in reference.py: a tight absolute bound for fp32/fp64, docs/DESIGN.md's rule for fp16/bf16."""
 
 from __future__ import annotations
 

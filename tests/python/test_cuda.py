@@ -1,5 +1,5 @@
 """The package on CUDA tensors: values, LSE and autograd gradients against the fp64 oracle
-under DESIGN.md's rule (error <= 2 x that of PyTorch's math path in the input dtype
+under docs/DESIGN.md's rule (error <= 2 x that of PyTorch's math path in the input dtype
 + 1e-5), auto and every GPU kernel by name, GQA, varlen, windows, softcap, strided inputs,
 the caller's current stream (and CUDA graph capture), torch.compile(fullgraph=True), and
 the errors a CUDA call can meet before any kernel runs."""

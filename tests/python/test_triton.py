@@ -1,6 +1,6 @@
 """The Triton rung (flashlab.triton_fa2) against an fp64 reference: out, lse, dq, dk, dv.
 
-The bar is the C++ rungs' (DESIGN.md): max abs error <= 2 x the max abs error of a
+The bar is the C++ rungs' (docs/DESIGN.md): max abs error <= 2 x the max abs error of a
 straightforward implementation in the input dtype (PyTorch's math-path rounding points:
 scores, softmax and P V each rounded to the dtype) + 1e-5. Outputs are poisoned with NaN
 first, so an element the kernels never write fails. Fresh random inputs each run;

@@ -57,6 +57,59 @@ Results zero_results(const Problem& p, bool with_backward) {
   return r;
 }
 
+// One task of both emulations: batch entry b and kv head hk, with its sequence's rows in
+// the packed float copies (row i of q/dout at packed row start_q + i, heads_q per row; key j
+// of k/v at start_k + j, heads_kv per row).
+struct Task {
+  int b = 0, hk = 0, lq = 0, lk = 0;
+  int64_t start_q = 0, start_k = 0;
+  int heads_q = 0, heads_kv = 0, D = 0, Dv = 0;
+  const float* q(const std::vector<float>& Q, int i, int h) const {
+    return Q.data() + size_t(((start_q + i) * heads_q + h) * D);
+  }
+  const float* dout(const std::vector<float>& dO, int i, int h) const {
+    return dO.data() + size_t(((start_q + i) * heads_q + h) * Dv);
+  }
+  const float* k(const std::vector<float>& K, int j) const {
+    return K.data() + size_t(((start_k + j) * heads_kv + hk) * D);
+  }
+  const float* v(const std::vector<float>& V, int j) const {
+    return V.data() + size_t(((start_k + j) * heads_kv + hk) * Dv);
+  }
+  // Writes the task's dK and dV rows ([lk, D] and [lk, Dv] sums over the group's heads)
+  // into the results, through the emulation's last rounding step.
+  template <class Round>
+  void store_kv_grads(const std::vector<float>& dk, const std::vector<float>& dv, Round last,
+                      Results* r) const {
+    for (int j = 0; j < lk; ++j) {
+      const int64_t krow = (start_k + j) * heads_kv + hk;
+      for (int d = 0; d < D; ++d) r->dk[size_t(krow * D + d)] = last(dk[size_t(j) * D + d], true);
+      for (int d = 0; d < Dv; ++d) r->dv[size_t(krow * Dv + d)] = last(dv[size_t(j) * Dv + d], false);
+    }
+  }
+};
+
+// Calls f(task) for every (batch entry, kv head), in parallel.
+template <class F>
+void for_each_task(const Problem& p, const Packing& pk, F&& f) {
+  const int tasks = p.batch * p.heads_kv;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int t = 0; t < tasks; ++t) {
+    Task k;
+    k.b = t / p.heads_kv;
+    k.hk = t % p.heads_kv;
+    k.start_q = pk.start_q[k.b];
+    k.start_k = pk.start_k[k.b];
+    k.lq = int(pk.start_q[k.b + 1] - k.start_q);
+    k.lk = int(pk.start_k[k.b + 1] - k.start_k);
+    k.heads_q = p.heads_q;
+    k.heads_kv = p.heads_kv;
+    k.D = p.head_dim;
+    k.Dv = p.head_dim_v;
+    f(k);
+  }
+}
+
 }  // namespace
 
 Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
@@ -69,7 +122,7 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
   const float q_mul = scale < 0.f ? -root : root, k_mul = root;
   const float cap = p.softcap;
   const DropoutPolicy drop = dropout_of(p);
-  const int B = p.batch, Hq = p.heads_q, Hkv = p.heads_kv, G = Hq / Hkv;
+  const int Hq = p.heads_q, G = Hq / p.heads_kv;
   const int D = p.head_dim, Dv = p.head_dim_v;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -79,19 +132,15 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
   const std::vector<float> V = as_floats(in.v), dO = as_floats(in.dout);
   // Row r of sequence b, in the packed numbering both layouts share.
   const Packing pk(p);
-  const std::vector<int64_t>&start_q = pk.start_q, &start_k = pk.start_k;
   auto lse_index = [&](int b, int h, int i) { return pk.lse_index(b, h, i); };
   Results r = zero_results(p, with_backward);
 
-  const int tasks = B * Hkv;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int t = 0; t < tasks; ++t) {
-    const int b = t / Hkv, hk = t % Hkv;
-    const int lq = int(start_q[b + 1] - start_q[b]), lk = int(start_k[b + 1] - start_k[b]);
-    auto q_at = [&](int i, int h) { return Qs.data() + size_t(((start_q[b] + i) * Hq + h) * D); };
-    auto do_at = [&](int i, int h) { return dO.data() + size_t(((start_q[b] + i) * Hq + h) * Dv); };
-    auto k_at = [&](int j) { return Ks.data() + size_t(((start_k[b] + j) * Hkv + hk) * D); };
-    auto v_at = [&](int j) { return V.data() + size_t(((start_k[b] + j) * Hkv + hk) * Dv); };
+  for_each_task(p, pk, [&](const Task& t) {
+    const int b = t.b, hk = t.hk, lq = t.lq, lk = t.lk;
+    auto q_at = [&](int i, int h) { return t.q(Qs, i, h); };
+    auto do_at = [&](int i, int h) { return t.dout(dO, i, h); };
+    auto k_at = [&](int j) { return t.k(Ks, j); };
+    auto v_at = [&](int j) { return t.v(V, j); };
     // Dropout's factor (torch: x · mask · 1/(1 − p)): 0, 1/(1 − p), or 1 when off.
     auto zf = [&](int h, int i, int j) {
       if (!drop.enabled()) return 1.f;
@@ -109,7 +158,7 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
         float* urow = U.data() + size_t(i) * lk;
         float* prow = P.data() + size_t(i) * lk;
         std::fill(prow, prow + lk, 0.f);
-        const int64_t orow = ((start_q[b] + i) * Hq + h) * Dv;
+        const int64_t orow = ((t.start_q + i) * Hq + h) * Dv;
         if (jb >= je) {  // sees no key
           r.lse[size_t(lse_index(b, h, i))] = -std::numeric_limits<double>::infinity();
           continue;
@@ -175,19 +224,14 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
             dk_h[size_t(j) * D + d] += dsrow[j] * qi[d];
           }
         }
-        const int64_t qrow = ((start_q[b] + i) * Hq + h) * D;
+        const int64_t qrow = ((t.start_q + i) * Hq + h) * D;
         for (int d = 0; d < D; ++d) r.dq[size_t(qrow + d)] = rnd(rnd(acc[d]) * q_mul);
       }
       for (size_t e = 0; e < dk_h.size(); ++e) dk_sum[e] += rnd(rnd(dk_h[e]) * k_mul);
       for (size_t e = 0; e < dv_h.size(); ++e) dv_sum[e] += rnd(dv_h[e]);
     }
-    if (!with_backward) continue;
-    for (int j = 0; j < lk; ++j) {
-      const int64_t krow = (start_k[b] + j) * Hkv + hk;
-      for (int d = 0; d < D; ++d) r.dk[size_t(krow * D + d)] = rnd(dk_sum[size_t(j) * D + d]);
-      for (int d = 0; d < Dv; ++d) r.dv[size_t(krow * Dv + d)] = rnd(dv_sum[size_t(j) * Dv + d]);
-    }
-  }
+    if (with_backward) t.store_kv_grads(dk_sum, dv_sum, [&](float x, bool) { return rnd(x); }, &r);
+  });
   return r;
 }
 
@@ -197,26 +241,22 @@ Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward
   const MaskPolicy mask = mask_of(p);
   const float scale = scale_of(p);
   const DropoutPolicy drop = dropout_of(p);
-  const int B = p.batch, Hq = p.heads_q, Hkv = p.heads_kv, G = Hq / Hkv;
+  const int Hq = p.heads_q, G = Hq / p.heads_kv;
   const int D = p.head_dim, Dv = p.head_dim_v;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
   const std::vector<float> Q = as_floats(in.q), K = as_floats(in.k), V = as_floats(in.v),
                            dO = as_floats(in.dout);
   const Packing pk(p);
-  const std::vector<int64_t>&start_q = pk.start_q, &start_k = pk.start_k;
   auto lse_index = [&](int b, int h, int i) { return pk.lse_index(b, h, i); };
   Results r = zero_results(p, with_backward);
 
-  const int tasks = B * Hkv;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int t = 0; t < tasks; ++t) {
-    const int b = t / Hkv, hk = t % Hkv;
-    const int lq = int(start_q[b + 1] - start_q[b]), lk = int(start_k[b + 1] - start_k[b]);
-    auto q_at = [&](int i, int h) { return Q.data() + size_t(((start_q[b] + i) * Hq + h) * D); };
-    auto do_at = [&](int i, int h) { return dO.data() + size_t(((start_q[b] + i) * Hq + h) * Dv); };
-    auto k_at = [&](int j) { return K.data() + size_t(((start_k[b] + j) * Hkv + hk) * D); };
-    auto v_at = [&](int j) { return V.data() + size_t(((start_k[b] + j) * Hkv + hk) * Dv); };
+  for_each_task(p, pk, [&](const Task& t) {
+    const int b = t.b, hk = t.hk, lq = t.lq, lk = t.lk;
+    auto q_at = [&](int i, int h) { return t.q(Q, i, h); };
+    auto do_at = [&](int i, int h) { return t.dout(dO, i, h); };
+    auto k_at = [&](int j) { return t.k(K, j); };
+    auto v_at = [&](int j) { return t.v(V, j); };
     // Dropout's mask (0 or 1; FA2 applies 1/(1 − p) with the final normalization).
     auto kept = [&](int h, int i, int j) {
       return !drop.enabled() || drop.keep(uint32_t(b * Hq + h), i, j) ? 1.f : 0.f;
@@ -253,7 +293,7 @@ Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward
         }
         lse[i] = m + std::log(l);
         r.lse[size_t(lse_index(b, h, i))] = lse[i];
-        const int64_t orow = ((start_q[b] + i) * Hq + h) * Dv;
+        const int64_t orow = ((t.start_q + i) * Hq + h) * Dv;
         for (int d = 0; d < Dv; ++d) {
           o[d] = rnd(acc[d] / l * drop.rescale);
           r.out[size_t(orow + d)] = o[d];
@@ -282,17 +322,13 @@ Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward
             dk_acc[size_t(j) * D + d] += ds * q_at(i, h)[d];
           }
         }
-        const int64_t qrow = ((start_q[b] + i) * Hq + h) * D;
+        const int64_t qrow = ((t.start_q + i) * Hq + h) * D;
         for (int d = 0; d < D; ++d) r.dq[size_t(qrow + d)] = rnd(acc[d] * scale);
       }
     }
-    if (!with_backward) continue;
-    for (int j = 0; j < lk; ++j) {
-      const int64_t krow = (start_k[b] + j) * Hkv + hk;
-      for (int d = 0; d < D; ++d) r.dk[size_t(krow * D + d)] = rnd(dk_acc[size_t(j) * D + d] * scale);
-      for (int d = 0; d < Dv; ++d) r.dv[size_t(krow * Dv + d)] = rnd(dv_acc[size_t(j) * Dv + d]);
-    }
-  }
+    if (with_backward)
+      t.store_kv_grads(dk_acc, dv_acc, [&](float x, bool is_dk) { return rnd(is_dk ? x * scale : x); }, &r);
+  });
   return r;
 }
 

@@ -184,8 +184,8 @@ Problem dense(DType dtype, int batch, int seqlen_q, int seqlen_k, int heads_q, i
 Problem varlen(DType dtype, std::vector<int> lens_q, std::vector<int> lens_k, int heads_q,
                int heads_kv, int head_dim);
 
-// The mask the API builds from a problem: causal folded into window_right, and a window
-// wider than the keys made unbounded (FlashAttention's normalization, src/api.cpp).
+// The mask the API builds from a problem: MaskPolicy::make over the problem's longest
+// sequences (causal folded in, bounds that cannot bind dropped).
 MaskPolicy mask_of(const Problem& p);
 DropoutPolicy dropout_of(const Problem& p);
 float scale_of(const Problem& p);

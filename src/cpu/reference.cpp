@@ -21,7 +21,6 @@
 #include "common/dtype.h"
 #include "common/params.h"
 #include "common/registry.h"
-#include "common/registry.h"
 
 namespace flashlab {
 namespace {
@@ -49,7 +48,17 @@ double dot(const double* a, const double* b, int n) {
   return s;
 }
 
-int threads_for(int tasks, int wanted) { return std::max(1, std::min(tasks, wanted)); }
+// How a pass splits its work: one task per (batch, head) in the forward or per
+// (batch, kv head) in the backward, on at most num_threads threads, each with `per`
+// doubles of workspace.
+struct Split {
+  int tasks, threads;
+  size_t per;
+  size_t bytes() const { return per * sizeof(double) * size_t(threads); }
+};
+Split split(const AttnParams& p, int tasks, size_t per) {
+  return {tasks, std::max(1, std::min(tasks, p.num_threads)), per};
+}
 
 // Dropout's factor for element (bh, i, j): 0 when dropped, 1/(1 − p) when kept, 1 when off.
 double kept(const AttnParams& p, int bh, int i, int j) {
@@ -82,23 +91,20 @@ void scores_and_lse(const AttnParams& p, int len_q, int len_k, const double* Q, 
 
 // ---- forward ----------------------------------------------------------------------------
 
-size_t fwd_per_thread(const AttnParams& p) {
+Split fwd_split(const AttnParams& p) {
   const size_t sq = size_t(p.seqlen_q), sk = size_t(p.seqlen_k);
-  return (sq * p.head_dim + sk * (p.head_dim + p.head_dim_v) + sq * sk + sq + sq * p.head_dim_v) *
-         sizeof(double);
+  return split(p, p.batch * p.heads_q,
+               sq * p.head_dim + sk * (p.head_dim + p.head_dim_v) + sq * sk + sq + sq * p.head_dim_v);
 }
 
-size_t ref_fwd_workspace(const FwdParams& p) {
-  return fwd_per_thread(p) * threads_for(p.batch * p.heads_q, p.num_threads);
-}
+size_t ref_fwd_workspace(const FwdParams& p) { return fwd_split(p).bytes(); }
 
 Status ref_fwd(const FwdParams& p) {
-  const int tasks = p.batch * p.heads_q;
-  const int nt = threads_for(tasks, p.num_threads);
-  const size_t per = fwd_per_thread(p) / sizeof(double);
+  const Split sp = fwd_split(p);
+  const size_t per = sp.per;
   const int D = p.head_dim, Dv = p.head_dim_v, Sk = p.seqlen_k;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-  for (int t = 0; t < tasks; ++t) {
+#pragma omp parallel for num_threads(sp.threads) schedule(dynamic, 1)
+  for (int t = 0; t < sp.tasks; ++t) {
     const int b = t / p.heads_q, h = t % p.heads_q, hk = h / p.group;
     const SeqBounds sb = host_seq_bounds(p, b);
     double* Q = static_cast<double*>(p.workspace) + per * omp_get_thread_num();
@@ -133,23 +139,20 @@ Status ref_fwd(const FwdParams& p) {
 
 // ---- backward ---------------------------------------------------------------------------
 
-size_t bwd_per_thread(const AttnParams& p) {
+Split bwd_split(const AttnParams& p) {
   const size_t sq = size_t(p.seqlen_q), sk = size_t(p.seqlen_k);
   const size_t D = p.head_dim, Dv = p.head_dim_v;
-  return (sk * (2 * D + 2 * Dv) + sq * (2 * D + 2 * Dv) + sq * sk + 2 * sq) * sizeof(double);
+  return split(p, p.batch * p.heads_kv, sk * (2 * D + 2 * Dv) + sq * (2 * D + 2 * Dv) + sq * sk + 2 * sq);
 }
 
-size_t ref_bwd_workspace(const BwdParams& p) {
-  return bwd_per_thread(p) * threads_for(p.batch * p.heads_kv, p.num_threads);
-}
+size_t ref_bwd_workspace(const BwdParams& p) { return bwd_split(p).bytes(); }
 
 Status ref_bwd(const BwdParams& p) {
-  const int tasks = p.batch * p.heads_kv;
-  const int nt = threads_for(tasks, p.num_threads);
-  const size_t per = bwd_per_thread(p) / sizeof(double);
+  const Split sp = bwd_split(p);
+  const size_t per = sp.per;
   const int D = p.head_dim, Dv = p.head_dim_v, Sk = p.seqlen_k, Sq = p.seqlen_q;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-  for (int t = 0; t < tasks; ++t) {
+#pragma omp parallel for num_threads(sp.threads) schedule(dynamic, 1)
+  for (int t = 0; t < sp.tasks; ++t) {
     const int b = t / p.heads_kv, hk = t % p.heads_kv;
     const SeqBounds sb = host_seq_bounds(p, b);
     const int lq = sb.len_q, lk = sb.len_k;
@@ -224,19 +227,21 @@ std::string ref_supports_bwd(const BwdParams& p) { return ref_supports(p, ref_bw
 }  // namespace
 
 KernelEntry cpu_reference_entry() {
-  KernelEntry e;
-  e.info = {"cpu_reference", "cpu",
-            "fp64 textbook attention: materializes S = QKᵀ per head; every mask, GQA, varlen, "
-            "dropout; forward and backward",
-            true, true, true, true};
-  e.auto_priority = 1;
-  e.supports_fwd = ref_supports_fwd;
-  e.workspace_fwd = ref_fwd_workspace;
-  e.run_fwd = ref_fwd;
-  e.supports_bwd = ref_supports_bwd;
-  e.workspace_bwd = ref_bwd_workspace;
-  e.run_bwd = ref_bwd;
-  return e;
+  return {.info = {.name = "cpu_reference",
+                   .arch = "cpu",
+                   .summary = "fp64 textbook attention: materializes S = QKᵀ per head; every mask, "
+                              "GQA, varlen, dropout; forward and backward",
+                   .has_forward = true,
+                   .has_backward = true,
+                   .forward_dropout = true,
+                   .backward_dropout = true},
+          .auto_priority = 1,
+          .supports_fwd = ref_supports_fwd,
+          .workspace_fwd = ref_fwd_workspace,
+          .run_fwd = ref_fwd,
+          .supports_bwd = ref_supports_bwd,
+          .workspace_bwd = ref_bwd_workspace,
+          .run_bwd = ref_bwd};
 }
 
 }  // namespace flashlab

@@ -1,0 +1,73 @@
+// cpu_flash's tile products. Every product in the forward and backward is C (+)= A·B with B
+// row-major, done by a register-blocked micro-kernel (kMicroRows rows × kMicroCols columns
+// of C held in registers) whose innermost loop runs over contiguous columns of B, so it
+// vectorizes (AVX2/FMA or wider with -march=native). A may be read transposed (kATrans),
+// which is how P and dS enter a product from a tile that holds them as Pᵀ / dSᵀ: no tile
+// is transposed inside a key loop.
+#pragma once
+
+#include <cstdint>
+
+namespace flashlab::cpu {
+
+// A 6 × 16 register block (12 accumulators, two AVX vectors wide) beats 5 × 16 and 4 × 16
+// on Zen3: it hides the FMA latency with loads to spare.
+constexpr int kMicroRows = 6;   // rows of C a micro-kernel keeps in registers
+constexpr int kMicroCols = 16;  // columns of C a micro-kernel keeps in registers (2 AVX vectors)
+static_assert(kMicroRows == 6, "gemm()'s remainder switch covers 1..kMicroRows-1 rows");
+
+// ---- GEMM micro-kernel ------------------------------------------------------------------
+
+// C[r][0..kMicroCols) (+)= Σ_k A(r, k) · B[k][0..kMicroCols) for r < R, where
+// A(r, k) = A[r·lda + k] (row-major) or A[k·lda + r] (kATrans: A is stored transposed, as
+// P and dS are when they come from a Sᵀ tile). The R × kMicroCols accumulators stay in
+// registers over the whole k loop; each k step is R broadcasts of A, one row chunk of B
+// and R·kMicroCols/8 FMAs, vectorized over the contiguous columns of B.
+template <int R, bool kAccumulate, bool kATrans>
+inline void micro_kernel(const float* __restrict A, int64_t lda, const float* __restrict B,
+                         int64_t ldb, float* __restrict C, int64_t ldc, int K) {
+  float acc[R][kMicroCols];  // [R, kMicroCols] block of C
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma omp simd
+    for (int c = 0; c < kMicroCols; ++c) acc[r][c] = kAccumulate ? C[r * ldc + c] : 0.f;
+  for (int k = 0; k < K; ++k) {
+    const float* b = B + k * ldb;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const float a = kATrans ? A[k * lda + r] : A[r * lda + k];
+#pragma omp simd
+      for (int c = 0; c < kMicroCols; ++c) acc[r][c] += a * b[c];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma omp simd
+    for (int c = 0; c < kMicroCols; ++c) C[r * ldc + c] = acc[r][c];
+}
+
+// C[rows][cols] (+)= A[rows][K] · B[K][cols], cols a multiple of kMicroCols. Column chunks
+// outside, row groups inside: one chunk of B ([K, kMicroCols], <= 32 KiB) stays in L1
+// while every row group of A streams past it.
+template <bool kAccumulate, bool kATrans>
+inline void gemm(int rows, int cols, int K, const float* A, int64_t lda, const float* B, int64_t ldb,
+          float* C, int64_t ldc) {
+  auto a_rows = [&](int r) { return kATrans ? A + r : A + r * lda; };
+  for (int c0 = 0; c0 < cols; c0 += kMicroCols) {
+    const float* Bc = B + c0;
+    float* Cc = C + c0;
+    int r = 0;
+    for (; r + kMicroRows <= rows; r += kMicroRows)
+      micro_kernel<kMicroRows, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K);
+    switch (rows - r) {
+      case 5: micro_kernel<5, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K); break;
+      case 4: micro_kernel<4, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K); break;
+      case 3: micro_kernel<3, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K); break;
+      case 2: micro_kernel<2, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K); break;
+      case 1: micro_kernel<1, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K); break;
+      default: break;
+    }
+  }
+}
+
+}  // namespace flashlab::cpu

@@ -5,10 +5,9 @@
 //   flashlab bench --ladder  every GPU rung in ladder order, non-causal then causal
 //   flashlab list            the kernel registry
 //
-// This file is the command line: flags, defaults, help, and the output formats. The
-// measuring is tools/bench.{h,cpp} (the harness) and tools/timer.{h,cpp} (the one timing
-// method). Results go to stdout; notes and progress lines go to stderr, so --json and
-// --csv output stays machine-readable.
+// This file is the command line: flags, defaults and help. The measuring is the harness
+// of include/flashlab/bench.h (src/bench/), the output formats are output.{h,cpp}. Only
+// the public headers are used.
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -19,10 +18,12 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
-#include "bench.h"
+#include "flashlab/bench.h"
 #include "flashlab/flashlab.h"
+#include "output.h"
 
 namespace {
 
@@ -30,14 +31,9 @@ using flashlab::DType;
 using flashlab::Device;
 using flashlab::bench::Problem;
 using flashlab::bench::Report;
-using flashlab::bench::Row;
-using flashlab::bench::RowStatus;
-
-// Exit codes (also in the help texts).
-constexpr int kExitOk = 0;
-constexpr int kExitError = 1;      // a library, CUDA or environment error
-constexpr int kExitUsage = 2;      // a bad command line
-constexpr int kExitCheckFail = 3;  // a kernel's result failed its check
+using flashlab::cli::kExitError;
+using flashlab::cli::kExitOk;
+using flashlab::cli::kExitUsage;
 
 // Default problems and run counts, by device.
 constexpr Problem kCpuDefault = {.batch = 1, .heads_q = 8, .heads_kv = 8, .seqlen_q = 4096,
@@ -85,10 +81,11 @@ The last line says whether this build has CUDA kernels and sees a CUDA device.
 constexpr const char* kBenchHelp = R"(usage: flashlab bench [flags]
 
 Runs one attention problem with each kernel of the registry that belongs to the device
-(or those named by --kernel). For each kernel: one checked run (outputs poisoned with
+(or those named by --kernel). For each kernel: one checked call (outputs poisoned with
 NaN first, every element must be written, results compared with cpu_reference computed
-in fp64 on the same inputs), then warm-up and timed runs. A kernel that does not support
-the problem gets a row with its reason. Fresh random inputs each run unless --seed.
+in fp64 on the same inputs), then warm-up and timed calls. A kernel that does not
+support the problem, or fails its check, gets a row with the reason and no time. Fresh
+random inputs each run unless --seed.
 
 defaults (--device auto picks the GPU when one is visible, else the CPU):
   CPU   batch 1, heads 8, seqlen 4096, head dim 128, fp32, no mask;
@@ -129,11 +126,18 @@ kernels and device:
                      GPU it ladders the CPU kernels on the CPU default problem.
 
 timing and check:
-  --iters N          timed runs; the median is reported [CPU 5, CUDA 30]
-  --warmup N         untimed runs before them [CPU 1, CUDA 5]
+  --iters N          timed calls, at most; the median is reported [CPU 5, CUDA 30]
+  --warmup N         untimed calls before them, at least [CPU 1, CUDA 5]
+  --warmup-ms MS     the warm-up also lasts at least this long [0]
+  --budget S         seconds per kernel: a slow call means fewer calls [10]
+  --rounds N         time the kernels in N alternating rounds, the order rotated each
+                     round (budget / N each); a kernel's time is the median of its
+                     rounds' medians [1: each kernel timed alone, one after the other]
   --seed N           seed of the random inputs [a fresh one each run; the footer says it]
   --no-check         skip the comparison with the reference (outputs are still checked
                      to be fully written)
+  --check-gflops G   the fp64 reference's budget: larger problems are checked on a
+                     slice (below) [80]
 
 output:
   --json             one JSON object: device, check, timing, inputs, and "rows" with the
@@ -145,7 +149,7 @@ columns:
   kernel, shape      shape = batch x heads[/kv heads] x seqlen[/seqlen_k] x head_dim[/head_dim_v] dtype
   mask               none, causal, window(L,R), each +softcap(X) when on
   time ms            median time of one call
-  runs               timed runs behind the median
+  runs               timed calls behind the median
   TFLOP/s            FLOPs / time. Forward FLOPs = 2*(head_dim + head_dim_v) for each
                      (query, key) pair the mask allows: 4*B*H*Sq*Sk*D with no mask, about
                      half causal, exact for windows. Backward = 2.5x its forward.
@@ -154,26 +158,29 @@ columns:
   err out, err lse   max abs error vs cpu_reference in fp64 (backward: err dq, dk, dv)
   vs base            speed-up over the first row that ran and passed (base time / time)
   vs prev            (--ladder) speed-up over the previous rung that ran and passed
-  check              ok; FAIL (an error above tolerance, or an output element not
-                     written: the reason follows the table); - when not compared
+  check              ok, or - when not compared (--no-check); a kernel that failed (an
+                     error above tolerance, an output element not written) shows FAIL
+                     and the reason instead of a time
 
 tolerance (max abs error; unit-normal inputs, default softmax scale):
   fp32 1e-4 (out, lse), 2e-4 (dq, dk, dv); fp16 5e-3, 1e-2; bf16 2e-2, 4e-2.
   A gradient's tolerance is multiplied by max(1, max |reference gradient|): its
   rounding error grows with its size (GQA sums over heads, causal first keys).
 
-check on a slice: a problem whose fp64 reference would cost more than 80 GFLOP is
-  checked on batch entry 0 and at most 2 query heads (backward: whole kv-head groups)
-  and, if still too large, on the last query rows (which see exactly the keys they see
-  in the full problem); the footer says which.
+check on a slice: a problem whose fp64 reference would cost more than --check-gflops is
+  checked on batch entry 0, as many query heads as threads (backward: whole kv-head
+  groups, as many as fit) and, if still too large, on the last query rows (which see
+  exactly the keys they see in the full problem; the backward's dk and dv are then
+  compared on the keys no earlier row sees); the footer says which.
 
 timing: CPU std::chrono::steady_clock; CUDA a cudaEvent pair per call on one stream,
   rotating among input sets whose total exceeds 2x the L2 cache (capped at 4 GiB and
-  1/4 of free memory). After the checked run: warm-up, then the median of the timed
-  runs. Slow kernels get fewer timed runs (the runs column says how many): as many as
-  fit in 10 s, but at least 5 (or --iters if smaller); a run over 2 s needs only 1, the
-  checked run serving as warm-up; a run over 10 s is timed once, by its checked run.
-  Runs over 3 s show a progress line on stderr.
+  1/4 of free memory). After the checked call: warm-up, then the median of the timed
+  calls. Slow kernels get fewer calls (the runs column says how many): as many as fit
+  the budget, at least 3 (or --iters if fewer), warm-up at most a quarter of it. A
+  checked call longer than budget/8 may carry one-time work, so one more call is timed
+  to plan the rest; a call over 10 s is its own one sample. Calls over 3 s show a
+  progress line on stderr. docs/BENCHMARK.md describes the method.
 
 exit codes: 0 ok, 1 library/CUDA error, 2 bad command line, 3 a kernel failed its check
 )";
@@ -193,6 +200,8 @@ struct BenchFlags {
   std::vector<std::string> kernels;  // empty = all
   std::string device = "auto";
   std::optional<int> iters, warmup;
+  double warmup_ms = 0, budget_s = 10, check_gflops = 80;
+  int rounds = 1;
   int threads = 0;
   std::optional<uint64_t> seed;
   bool check = true;
@@ -207,7 +216,8 @@ T parse_number(const std::string& flag, const std::string& text, T min, T max) {
   const char* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (ec != std::errc() || ptr != end || text.empty())
-    throw UsageError{flag + " takes an integer, got '" + text + "'"};
+    throw UsageError{flag + (std::is_integral_v<T> ? " takes an integer" : " takes a number") +
+                     ", got '" + text + "'"};
   if (value < min || value > max)
     throw UsageError{flag + " must be in [" + std::to_string(min) + ", " + std::to_string(max) +
                      "], got " + text};
@@ -289,8 +299,18 @@ constexpr FlagSpec kBenchFlags[] = {
     {"--threads", true, [](BenchFlags& f, const std::string& n, const std::string& v) { f.threads = parse_int(n, v, 1); }},
     {"--iters", true, [](BenchFlags& f, const std::string& n, const std::string& v) { f.iters = parse_int(n, v, 1); }},
     {"--warmup", true, [](BenchFlags& f, const std::string& n, const std::string& v) { f.warmup = parse_int(n, v, 0); }},
+    {"--warmup-ms", true, [](BenchFlags& f, const std::string& n, const std::string& v) {
+       f.warmup_ms = parse_number<double>(n, v, 0.0, 1e7);
+     }},
+    {"--budget", true, [](BenchFlags& f, const std::string& n, const std::string& v) {
+       f.budget_s = parse_number<double>(n, v, 0.0, 1e6);
+     }},
+    {"--rounds", true, [](BenchFlags& f, const std::string& n, const std::string& v) { f.rounds = parse_int(n, v, 1); }},
     {"--seed", true, [](BenchFlags& f, const std::string& n, const std::string& v) {
        f.seed = parse_number<uint64_t>(n, v, 0, UINT64_MAX);
+     }},
+    {"--check-gflops", true, [](BenchFlags& f, const std::string& n, const std::string& v) {
+       f.check_gflops = parse_number<double>(n, v, 0.0, 1e9);
      }},
     {"--no-check", false, [](BenchFlags& f, const std::string&, const std::string&) { f.check = false; }},
     {"--ladder", false, [](BenchFlags& f, const std::string&, const std::string&) { f.ladder = true; }},
@@ -422,8 +442,12 @@ flashlab::bench::Options make_options(const BenchFlags& f, Device device) {
   flashlab::bench::Options o;
   o.kernels = kernels_for(f, device);
   const bool cpu = device == Device::kCPU;
-  o.warmup = f.warmup.value_or(cpu ? kCpuWarmup : kCudaWarmup);
-  o.iters = f.iters.value_or(cpu ? kCpuIters : kCudaIters);
+  o.timing.warmup = f.warmup.value_or(cpu ? kCpuWarmup : kCudaWarmup);
+  o.timing.iters = f.iters.value_or(cpu ? kCpuIters : kCudaIters);
+  o.timing.warmup_ms = f.warmup_ms;
+  o.timing.budget_ms = f.budget_s * 1e3;
+  o.timing.rounds = f.rounds;
+  o.check_flops = f.check_gflops * 1e9;
   o.threads = f.threads;
   o.seed = f.seed.value_or(fresh_seed());
   o.check = f.check;
@@ -432,289 +456,8 @@ flashlab::bench::Options make_options(const BenchFlags& f, Device device) {
 
 // ---- running ----------------------------------------------------------------------------
 
-void run_or_throw(const Problem& p, const flashlab::bench::Options& o, Report* report) {
-  const flashlab::Status s = flashlab::bench::run_bench(p, o, report);
+void throw_if_error(const flashlab::Status& s) {
   if (!s.ok()) throw EnvironmentError{s.message()};
-}
-
-// Adds `line` to a footer field unless it is there already (ladder problems share most).
-void merge_line(std::string& field, const std::string& line) {
-  if (line.empty() || field.find(line) != std::string::npos) return;
-  field += (field.empty() ? "" : "\n  ") + line;
-}
-
-void merge_footer(Report& into, const Report& from) {
-  merge_line(into.device, from.device);
-  merge_line(into.checked, from.checked);
-  merge_line(into.timing, from.timing);
-  merge_line(into.inputs, from.inputs);
-}
-
-bool passed(const Row& r) { return r.timed() && r.status != RowStatus::kFail; }
-
-// Keeps, for each kernel, the fp32 row where it passed and the other dtype's row did not,
-// or was slower.
-void keep_faster(std::vector<Row>& rows, const std::vector<Row>& fp32_rows) {
-  for (size_t i = 0; i < rows.size() && i < fp32_rows.size(); ++i) {
-    const Row& alt = fp32_rows[i];
-    if (passed(alt) && (!passed(rows[i]) || alt.time_ms < rows[i].time_ms)) rows[i] = alt;
-  }
-}
-
-// One mask of the ladder: the rungs in the problem's dtype, and on the GPU in fp32 too
-// (the SIMT rungs can be faster in fp32, where they need no conversions).
-void run_ladder_step(const Problem& p, const flashlab::bench::Options& o, Report* report) {
-  Report step;
-  run_or_throw(p, o, &step);
-  if (p.device == Device::kCUDA && p.dtype != DType::kF32) {
-    Problem p32 = p;
-    p32.dtype = DType::kF32;
-    Report alt;
-    run_or_throw(p32, o, &alt);
-    keep_faster(step.rows, alt.rows);
-    merge_footer(step, alt);
-    flashlab::bench::add_ratios(step.rows, 0, step.rows.size());
-    merge_line(step.inputs, "ladder: rungs that take fp32 were timed in " +
-                                std::string(flashlab::to_string(p.dtype)) +
-                                " and fp32; each row shows the faster");
-  }
-  merge_footer(*report, step);
-  for (Row& r : step.rows) report->rows.push_back(std::move(r));
-}
-
-Report run_ladder(Problem p, const flashlab::bench::Options& o, std::vector<size_t>* groups) {
-  Report report;
-  for (bool causal : {false, true}) {
-    p.causal = causal;
-    groups->push_back(report.rows.size());
-    run_ladder_step(p, o, &report);
-  }
-  return report;
-}
-
-// ---- output -----------------------------------------------------------------------------
-
-std::string printf_string(const char* fmt, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, fmt, x);
-  return buf;
-}
-
-std::string format_ms(double ms) {
-  return printf_string(ms >= 1000 ? "%.0f" : ms >= 100 ? "%.1f" : ms >= 10 ? "%.2f" : "%.3f", ms);
-}
-
-// Three significant digits, without exponents: CPU rates read 0.0412, GPU rates 312.
-std::string format_rate(double t) {
-  return printf_string(t >= 100 ? "%.0f" : t >= 10 ? "%.1f" : t >= 1 ? "%.2f" : t >= 0.1 ? "%.3f" : "%.4f", t);
-}
-
-std::string format_err(double e) { return std::isnan(e) ? "-" : printf_string("%.1e", e); }
-std::string format_ratio(double r) {
-  return std::isnan(r) ? "-" : printf_string(r >= 10 ? "%.1fx" : "%.2fx", r);
-}
-
-std::string check_cell(const Row& r) {
-  switch (r.status) {
-    case RowStatus::kOk: return "ok";
-    case RowStatus::kFail: return "FAIL";
-    default: return "-";
-  }
-}
-
-// A plain-text table: columns padded to their widest cell, numbers right-aligned. A row
-// of a kernel that did not run shows its leading cells (kernel, shape, mask), then why.
-class Table {
- public:
-  Table(std::vector<std::string> header, std::vector<bool> right)
-      : header_(std::move(header)), right_(std::move(right)) {}
-  void add(std::vector<std::string> cells) { rows_.push_back({std::move(cells), ""}); }
-  void add_reason(std::vector<std::string> lead, std::string reason) {
-    rows_.push_back({std::move(lead), std::move(reason)});
-  }
-  void add_gap() { rows_.push_back({{}, ""}); }
-
-  void print(FILE* out) const {
-    std::vector<size_t> width(header_.size());
-    for (size_t c = 0; c < header_.size(); ++c) width[c] = header_[c].size();
-    for (const Line& l : rows_)
-      for (size_t c = 0; c < l.cells.size() && c < width.size(); ++c)
-        width[c] = std::max(width[c], l.cells[c].size());
-    print_line(out, {header_, ""}, width);
-    for (const Line& l : rows_) print_line(out, l, width);
-  }
-
- private:
-  struct Line {
-    std::vector<std::string> cells;
-    std::string reason;
-  };
-
-  void print_line(FILE* out, const Line& l, const std::vector<size_t>& width) const {
-    for (size_t c = 0; c < l.cells.size(); ++c) {
-      const bool last = c + 1 == header_.size() && l.reason.empty();
-      const int w = right_[c] || !last ? int(width[c]) : 0;  // no trailing blanks
-      std::fprintf(out, "%s", c == 0 ? "" : "  ");
-      std::fprintf(out, right_[c] ? "%*s" : "%-*s", w, l.cells[c].c_str());
-    }
-    if (!l.reason.empty()) std::fprintf(out, "  %s", l.reason.c_str());
-    std::fputc('\n', out);
-  }
-
-  std::vector<std::string> header_;
-  std::vector<bool> right_;
-  std::vector<Line> rows_;
-};
-
-Table make_table(bool backward, bool ladder) {
-  std::vector<std::string> h = {"kernel", "shape", "mask", "time ms", "runs", "TFLOP/s", "extra mem"};
-  if (backward)
-    h.insert(h.end(), {"err dq", "err dk", "err dv"});
-  else
-    h.insert(h.end(), {"err out", "err lse"});
-  h.push_back("vs base");
-  if (ladder) h.push_back("vs prev");
-  h.push_back("check");
-  std::vector<bool> right(h.size(), true);
-  right[0] = right[1] = right[2] = false;
-  right.back() = false;
-  return Table(std::move(h), std::move(right));
-}
-
-std::vector<std::string> row_cells(const Row& r, bool ladder) {
-  std::vector<std::string> c = {r.kernel, flashlab::bench::shape_string(r.problem),
-                                flashlab::bench::mask_string(r.problem), format_ms(r.time_ms),
-                                std::to_string(r.timed_runs), format_rate(r.tflops),
-                                flashlab::bench::format_bytes(r.workspace_bytes)};
-  if (r.problem.backward)
-    c.insert(c.end(), {format_err(r.err_dq), format_err(r.err_dk), format_err(r.err_dv)});
-  else
-    c.insert(c.end(), {format_err(r.err_out), format_err(r.err_lse)});
-  c.push_back(format_ratio(r.vs_base));
-  if (ladder) c.push_back(format_ratio(r.vs_prev));
-  c.push_back(check_cell(r));
-  return c;
-}
-
-void print_table(const Report& report, const std::vector<size_t>& groups, bool ladder) {
-  const bool backward = !report.rows.empty() && report.rows.front().problem.backward;
-  Table t = make_table(backward, ladder);
-  for (size_t i = 0; i < report.rows.size(); ++i) {
-    if (i > 0 && std::find(groups.begin(), groups.end(), i) != groups.end()) t.add_gap();
-    const Row& r = report.rows[i];
-    if (r.timed()) {
-      t.add(row_cells(r, ladder));
-      continue;
-    }
-    std::vector<std::string> lead = {r.kernel, flashlab::bench::shape_string(r.problem),
-                                     flashlab::bench::mask_string(r.problem)};
-    t.add_reason(std::move(lead), std::string(flashlab::bench::to_string(r.status)) + ": " + r.reason);
-  }
-  t.print(stdout);
-  std::printf("\n");
-  for (const Row& r : report.rows)
-    if (r.status == RowStatus::kFail)
-      std::printf("FAIL %s (%s, %s): %s\n", r.kernel.c_str(), flashlab::bench::shape_string(r.problem).c_str(),
-                  flashlab::bench::mask_string(r.problem).c_str(), r.reason.c_str());
-  std::printf("device: %s\n", report.device.c_str());
-  std::printf("check:  %s\n", report.checked.c_str());
-  std::printf("timing: %s\n", report.timing.c_str());
-  std::printf("inputs: %s\n", report.inputs.c_str());
-  std::printf("extra mem = workspace_size(): FlashLab never allocates; the caller provides it\n");
-}
-
-// Machine-readable fields of a row, in output order: (name, JSON value, CSV value).
-struct Field {
-  std::string name, json, csv;
-};
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char ch : s) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      out += printf_string("\\u%04x", double(static_cast<unsigned char>(ch)));
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
-
-std::string csv_string(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (const char ch : s) out += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-  return out + "\"";
-}
-
-Field text_field(const std::string& name, const std::string& v) { return {name, json_string(v), csv_string(v)}; }
-Field number_field(const std::string& name, double v) {
-  if (!std::isfinite(v)) return {name, "null", ""};
-  const std::string s = printf_string("%.9g", v);
-  return {name, s, s};
-}
-Field bool_field(const std::string& name, bool v) {
-  return {name, v ? "true" : "false", v ? "true" : "false"};
-}
-
-std::vector<Field> row_fields(const Row& r) {
-  const Problem& p = r.problem;
-  return {text_field("kernel", r.kernel),
-          text_field("status", flashlab::bench::to_string(r.status)),
-          text_field("reason", r.reason),
-          text_field("device", flashlab::to_string(p.device)),
-          text_field("pass", p.backward ? "backward" : "forward"),
-          number_field("batch", p.batch), number_field("heads_q", p.heads_q),
-          number_field("heads_kv", p.heads_kv), number_field("seqlen_q", p.seqlen_q),
-          number_field("seqlen_k", p.seqlen_k), number_field("head_dim", p.head_dim),
-          number_field("head_dim_v", p.head_dim_v), text_field("dtype", flashlab::to_string(p.dtype)),
-          text_field("mask", flashlab::bench::mask_string(p)), bool_field("causal", p.causal),
-          number_field("window_left", p.window_left), number_field("window_right", p.window_right),
-          number_field("softcap", p.softcap), number_field("time_ms", r.time_ms),
-          number_field("warmup_runs", r.warmup_runs), number_field("timed_runs", r.timed_runs),
-          number_field("flops", r.flops), number_field("tflops", r.tflops),
-          number_field("workspace_bytes", double(r.workspace_bytes)),
-          number_field("err_out", r.err_out), number_field("err_lse", r.err_lse),
-          number_field("err_dq", r.err_dq), number_field("err_dk", r.err_dk),
-          number_field("err_dv", r.err_dv), number_field("vs_base", r.vs_base),
-          number_field("vs_prev", r.vs_prev)};
-}
-
-void print_json(const Report& report) {
-  std::printf("{\n  \"device\": %s,\n  \"check\": %s,\n  \"timing\": %s,\n  \"inputs\": %s,\n  \"rows\": [",
-              json_string(report.device).c_str(), json_string(report.checked).c_str(),
-              json_string(report.timing).c_str(), json_string(report.inputs).c_str());
-  for (size_t i = 0; i < report.rows.size(); ++i) {
-    std::printf("%s\n    {", i ? "," : "");
-    const std::vector<Field> fields = row_fields(report.rows[i]);
-    for (size_t j = 0; j < fields.size(); ++j)
-      std::printf("%s\"%s\": %s", j ? ", " : "", fields[j].name.c_str(), fields[j].json.c_str());
-    std::printf("}");
-  }
-  std::printf("\n  ]\n}\n");
-}
-
-void print_csv(const Report& report) {
-  const std::vector<Field> header = row_fields(Row{});
-  for (size_t j = 0; j < header.size(); ++j) std::printf("%s%s", j ? "," : "", header[j].name.c_str());
-  std::printf("\n");
-  for (const Row& r : report.rows) {
-    const std::vector<Field> fields = row_fields(r);
-    for (size_t j = 0; j < fields.size(); ++j) std::printf("%s%s", j ? "," : "", fields[j].csv.c_str());
-    std::printf("\n");
-  }
-}
-
-int exit_code_of(const Report& report) {
-  bool fail = false;
-  for (const Row& r : report.rows) {
-    if (r.status == RowStatus::kError) return kExitError;
-    fail |= r.status == RowStatus::kFail;
-  }
-  return fail ? kExitCheckFail : kExitOk;
 }
 
 // ---- commands ---------------------------------------------------------------------------
@@ -735,18 +478,20 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (!note.empty()) std::fprintf(stderr, "flashlab: %s\n", note.c_str());
   std::vector<size_t> groups = {0};
   Report report;
-  if (f.ladder)
-    report = run_ladder(p, o, &groups);
-  else
-    run_or_throw(p, o, &report);
+  if (f.ladder) {
+    groups.clear();
+    throw_if_error(flashlab::bench::run_ladder(p, o, &report, &groups));
+  } else {
+    throw_if_error(flashlab::bench::run_bench(p, o, &report));
+  }
   const Format format = f.format.value_or(Format::kTable);
   if (format == Format::kJson)
-    print_json(report);
+    flashlab::cli::print_json(report);
   else if (format == Format::kCsv)
-    print_csv(report);
+    flashlab::cli::print_csv(report);
   else
-    print_table(report, groups, f.ladder);
-  return exit_code_of(report);
+    flashlab::cli::print_table(report, groups, f.ladder);
+  return flashlab::cli::exit_code_of(report);
 }
 
 int cmd_list(const std::vector<std::string>& args) {
@@ -757,7 +502,7 @@ int cmd_list(const std::vector<std::string>& args) {
     }
     throw UsageError{"flashlab list takes no arguments, got '" + a + "'"};
   }
-  Table t({"kernel", "arch", "fwd", "bwd", "summary"}, {false, false, false, false, false});
+  flashlab::cli::Table t({"kernel", "arch", "fwd", "bwd", "summary"}, {false, false, false, false, false});
   for (const flashlab::KernelInfo& k : flashlab::kernels())
     t.add({std::string(k.name), std::string(k.arch), k.has_forward ? "yes" : "no",
            k.has_backward ? "yes" : "no", std::string(k.summary)});

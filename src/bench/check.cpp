@@ -1,0 +1,330 @@
+// The check before timing (check.h): operands, the checked slice, the fp64 reference and
+// the comparison.
+#include "bench/check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "common/dtype.h"
+#include "common/mask.h"
+
+namespace flashlab::bench {
+namespace {
+
+constexpr int kMinCheckedHeads = 2;   // query heads of a slice, at least (forward)
+constexpr int kSliceRefinements = 3;  // passes that shrink the checked rows to the budget
+
+// A box of a tensor: begin and count per axis.
+struct Box {
+  std::array<int64_t, kMaxRank> begin{}, count{};
+};
+
+Box full_box(const Tensor& t) {
+  Box b;
+  for (int d = 0; d < t.rank; ++d) b.count[d] = t.shape[d];
+  return b;
+}
+
+// Calls f(element offset in t, index in the compact box) for every element of `box`, in
+// row-major order.
+template <class F>
+void for_each_in(const Tensor& t, const Box& box, F&& f) {
+  int64_t n = 1;
+  for (int d = 0; d < t.rank; ++d) n *= box.count[d];
+  std::array<int64_t, kMaxRank> idx{};
+  for (int64_t c = 0; c < n; ++c) {
+    int64_t off = 0;
+    for (int d = 0; d < t.rank; ++d) off += (box.begin[d] + idx[d]) * t.stride[d];
+    f(off, c);
+    for (int d = t.rank - 1; d >= 0 && ++idx[d] == box.count[d]; --d) idx[d] = 0;
+  }
+}
+
+std::vector<double> gather(const Tensor& host, const Box& box) {
+  std::vector<double> out;
+  for_each_in(host, box, [&](int64_t off, int64_t) { out.push_back(load_as_double(host.data, host.dtype, off)); });
+  return out;
+}
+
+Problem slice_problem(const Problem& p, const Slice& s) {
+  Problem sub = p;
+  sub.batch = s.batches;
+  sub.heads_q = s.heads_q;
+  sub.heads_kv = s.heads_kv;
+  sub.seqlen_q = s.rows;
+  sub.dtype = DType::kF64;
+  sub.device = Device::kCPU;
+  return sub;
+}
+
+// The slice's box of a tensor of the full problem.
+Box box_of(const Problem& p, const Slice& s, Slot slot) {
+  Box b = full_box(slot_view(p, slot, nullptr));
+  b.count[0] = s.batches;
+  switch (slot) {
+    case kQ: case kOut: case kDout: case kDq:
+      b.begin[1] = s.row0;
+      b.count[1] = s.rows;
+      b.count[2] = s.heads_q;
+      break;
+    case kDk: case kDv:
+      b.begin[1] = s.key0;
+      b.count[1] = p.seqlen_k - s.key0;
+      [[fallthrough]];
+    case kK: case kV:
+      b.count[2] = s.heads_kv;
+      break;
+    case kLse:
+      b.count[1] = s.heads_q;
+      b.begin[2] = s.row0;
+      b.count[2] = s.rows;
+      break;
+    case kSlots: break;
+  }
+  return b;
+}
+
+std::string range_string(int begin, int end) {
+  return end - begin == 1 ? std::to_string(begin)
+                          : std::to_string(begin) + "-" + std::to_string(end - 1);
+}
+
+std::string shape_text(const Tensor& t) {
+  std::string s = "[";
+  for (int d = 0; d < t.rank; ++d) s += (d ? ", " : "") + std::to_string(t.shape[d]);
+  return s + "]";
+}
+
+double* error_field(Row* r, Slot s) {
+  switch (s) {
+    case kOut: return &r->err_out;
+    case kLse: return &r->err_lse;
+    case kDq: return &r->err_dq;
+    case kDk: return &r->err_dk;
+    case kDv: return &r->err_dv;
+    default: return nullptr;
+  }
+}
+
+void fail(Row* row, Slot s, const std::string& why) {
+  row->status = RowStatus::kFail;
+  row->reason += std::string(row->reason.empty() ? "" : "; ") + slot_name(s) + ": " + why;
+}
+
+}  // namespace
+
+// ---- operands ---------------------------------------------------------------------------
+
+const char* slot_name(Slot s) {
+  static constexpr const char* kNames[kSlots] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
+  return kNames[s];
+}
+
+Tensor slot_view(const Problem& p, Slot s, void* data) {
+  const DType t = p.dtype;
+  switch (s) {
+    case kQ: case kDq: return Tensor::contiguous(data, t, {p.batch, p.seqlen_q, p.heads_q, p.head_dim}, p.device);
+    case kK: case kDk: return Tensor::contiguous(data, t, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim}, p.device);
+    case kV: case kDv: return Tensor::contiguous(data, t, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim_v}, p.device);
+    case kOut: case kDout: return Tensor::contiguous(data, t, {p.batch, p.seqlen_q, p.heads_q, p.head_dim_v}, p.device);
+    case kLse: return Tensor::contiguous(data, DType::kF32, {p.batch, p.heads_q, p.seqlen_q}, p.device);
+    case kSlots: break;
+  }
+  return {};
+}
+
+size_t slot_bytes(const Problem& p, Slot s) {
+  const Tensor t = slot_view(p, s, nullptr);
+  return size_t(t.numel()) * dtype_size(t.dtype);
+}
+
+bool slot_used(const Problem& p, Slot s) { return p.backward || s <= kLse; }
+
+std::vector<Slot> outputs_of(const Problem& p) {
+  return p.backward ? std::vector<Slot>{kDq, kDk, kDv} : std::vector<Slot>{kOut, kLse};
+}
+
+std::vector<Slot> random_inputs_of(const Problem& p) {
+  return p.backward ? std::vector<Slot>{kQ, kK, kV, kDout} : std::vector<Slot>{kQ, kK, kV};
+}
+
+Status run_pass(const ForwardArgs& a) { return forward(a); }
+Status run_pass(const BackwardArgs& a) { return backward(a); }
+
+// ---- the slice --------------------------------------------------------------------------
+
+bool Slice::keys_compared() const { return key0 >= 0; }
+
+Slice choose_slice(const Problem& p, double budget_flops, int threads) {
+  Slice s{p.batch, p.heads_q, p.heads_kv, 0, p.seqlen_q, 0, true};
+  auto cost = [&] { return pass_flops(slice_problem(p, s)); };
+  if (cost() <= budget_flops) return s;
+  const int group = p.heads_q / p.heads_kv;
+  const int width = std::max(kMinCheckedHeads, threads);  // cpu_reference runs a head per thread
+  s.full = false;
+  s.batches = 1;
+  if (p.backward) {
+    // Whole kv groups (dk and dv sum over a group's query heads): as many as fit.
+    s.heads_kv = 1;
+    s.heads_q = group;
+    const int fit = int(budget_flops / cost());
+    s.heads_kv = std::clamp(fit, 1, std::max(1, std::min(p.heads_kv, width / group)));
+    s.heads_q = s.heads_kv * group;
+  } else {
+    // A multiple of the group, or part of one group (its one kv head).
+    s.heads_q = std::min(p.heads_q, width);
+    if (s.heads_q >= group) s.heads_q -= s.heads_q % group;
+    s.heads_kv = std::max(1, s.heads_q / group);
+  }
+  for (int i = 0; i < kSliceRefinements && cost() > budget_flops; ++i) {
+    s.rows = std::max(1, int(s.rows * (budget_flops / cost())));
+    s.row0 = p.seqlen_q - s.rows;
+  }
+  if (p.backward && s.row0 > 0) {
+    const MaskPolicy m = MaskPolicy::make(p.window_left, p.window_right, p.causal, p.seqlen_q,
+                                          p.seqlen_k, p.softcap);
+    const int end = m.key_end(s.row0 - 1, p.seqlen_q, p.seqlen_k);  // keys earlier rows see
+    s.key0 = end < p.seqlen_k ? end : -1;
+  }
+  return s;
+}
+
+std::string slice_string(const Problem& p, const Slice& s) {
+  if (s.full) return "the full problem";
+  std::string t = p.batch > 1 ? "batch 0 of " + std::to_string(p.batch) + ", " : "";
+  t += "query heads " + range_string(0, s.heads_q) + " of " + std::to_string(p.heads_q) +
+       " (kv heads " + range_string(0, s.heads_kv) + ")";
+  if (s.rows < p.seqlen_q)
+    t += ", query rows " + range_string(s.row0, p.seqlen_q) + " of " + std::to_string(p.seqlen_q);
+  if (p.backward && s.row0 > 0)
+    t += s.keys_compared() ? ", dk/dv on keys " + range_string(s.key0, p.seqlen_k)
+                           : ", dk/dv not compared (earlier rows see every key)";
+  return t;
+}
+
+// ---- the reference ----------------------------------------------------------------------
+
+Status Oracle::compute(const Problem& p, const Slice& s, const std::array<Tensor, kSlots>& inputs,
+                       int threads, void* stream, Progress* progress) {
+  const Problem sub = slice_problem(p, s);
+  std::array<std::vector<double>, kSlots> f64;
+  std::vector<Slot> read = random_inputs_of(p);
+  if (p.backward) read.insert(read.end(), {kOut, kLse});
+  for (Slot slot : read) {
+    Buffer keep;
+    Tensor host;
+    if (Status st = host_view(inputs[slot], stream, &keep, &host); !st.ok()) return st;
+    f64[slot] = gather(host, box_of(p, s, slot));
+  }
+  std::vector<float> lse(size_t(slot_view(sub, kLse, nullptr).numel()));
+  if (p.backward) std::copy(f64[kLse].begin(), f64[kLse].end(), lse.begin());
+  for (Slot slot : outputs_of(p))
+    if (slot != kLse) f64[slot].assign(size_t(slot_view(sub, slot, nullptr).numel()), 0.0);
+  std::array<Tensor, kSlots> v;
+  for (int i = 0; i < kSlots; ++i) v[i] = slot_view(sub, Slot(i), f64[i].data());
+  v[kLse] = slot_view(sub, kLse, lse.data());
+
+  auto run = [&](auto& a) -> Status {
+    a.causal = p.causal;
+    a.window_left = p.window_left;
+    a.window_right = p.window_right;
+    a.softcap = p.softcap;
+    a.num_threads = threads;
+    a.kernel = "cpu_reference";
+    a.quadratic_workspace_limit = SIZE_MAX;  // the slice was chosen to fit
+    size_t bytes = 0;
+    if (Status st = workspace_size(a, &bytes); !st.ok()) return st;
+    Buffer ws;
+    if (Status st = ws.allocate(Device::kCPU, bytes); !st.ok()) return st;
+    a.workspace = ws.data();
+    a.workspace_bytes = ws.bytes();
+    if (progress) progress->begin("check: cpu_reference in fp64 on " + slice_string(p, s));
+    const Status st = run_pass(a);
+    if (progress) progress->end();
+    return st;
+  };
+  Status st;
+  if (p.backward) {
+    BackwardArgs a;
+    a.q = v[kQ], a.k = v[kK], a.v = v[kV], a.out = v[kOut], a.lse = v[kLse], a.dout = v[kDout];
+    a.dq = v[kDq], a.dk = v[kDk], a.dv = v[kDv];
+    st = run(a);
+  } else {
+    ForwardArgs a;
+    a.q = v[kQ], a.k = v[kK], a.v = v[kV], a.out = v[kOut], a.maybe_lse = v[kLse];
+    st = run(a);
+  }
+  if (!st.ok()) return st;
+  for (Slot slot : outputs_of(p)) {
+    if (slot == kLse) {
+      want_[kLse].assign(lse.begin(), lse.end());
+      continue;
+    }
+    Box keys = full_box(v[slot]);  // dk and dv: the keys that are compared
+    if (slot == kDk || slot == kDv) {
+      keys.begin[1] = std::max(s.key0, 0);
+      keys.count[1] = s.keys_compared() ? p.seqlen_k - s.key0 : 0;
+    }
+    want_[slot] = gather(v[slot], keys);
+    grad_scale_[slot] = 1.0;
+    for (double x : want_[slot]) grad_scale_[slot] = std::max(grad_scale_[slot], std::fabs(x));
+  }
+  ready_ = true;
+  return {};
+}
+
+Status Oracle::compare(const Problem& p, const Slice& s, const std::array<Tensor, kSlots>& got,
+                       void* stream, Row* row) const {
+  const Tolerance tol = tolerance_for(p.dtype);
+  for (Slot slot : outputs_of(p)) {
+    const Tensor& t = got[slot];
+    if (!t.present()) continue;
+    const Tensor expect = slot_view(p, slot, nullptr);
+    if (t.rank != expect.rank || t.shape != expect.shape) {
+      fail(row, slot, "shape " + shape_text(t) + ", expected " + shape_text(expect));
+      continue;
+    }
+    Buffer keep;
+    Tensor host;
+    if (Status st = host_view(t, stream, &keep, &host); !st.ok()) return st;
+    int64_t bad = 0;
+    for_each_in(host, full_box(host), [&](int64_t off, int64_t) {
+      const double x = load_as_double(host.data, host.dtype, off);
+      bad += std::isnan(x) || (std::isinf(x) && !(slot == kLse && x < 0));
+    });
+    if (bad > 0)
+      fail(row, slot, std::to_string(bad) + " of " + std::to_string(t.numel()) + " elements not written");
+    if (!ready_ || ((slot == kDk || slot == kDv) && !s.keys_compared())) continue;
+    // Equal infinities agree (a row that sees no key has LSE -inf in both); a NaN is an
+    // infinite error.
+    double err = 0;
+    const std::vector<double>& want = want_[slot];
+    for_each_in(host, box_of(p, s, slot), [&](int64_t off, int64_t c) {
+      const double g = load_as_double(host.data, host.dtype, off), w = want[size_t(c)];
+      const double d = g == w ? 0.0 : std::fabs(g - w);
+      err = std::max(err, std::isnan(d) ? std::numeric_limits<double>::infinity() : d);
+    });
+    *error_field(row, slot) = err;
+    const double limit = p.backward ? tol.grad * grad_scale_[slot] : tol.out;
+    if (!(err <= limit)) fail(row, slot, "error " + format_err(err) + " > " + format_err(limit));
+  }
+  return {};
+}
+
+std::string format_err(double e) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1e", e);
+  return buf;
+}
+
+Tolerance tolerance_for(DType dtype) {
+  switch (dtype) {
+    case DType::kF16: return {5e-3, 1e-2};
+    case DType::kBF16: return {2e-2, 4e-2};
+    default: return {1e-4, 2e-4};
+  }
+}
+
+}  // namespace flashlab::bench

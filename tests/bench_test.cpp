@@ -1,0 +1,299 @@
+// The benchmark harness (include/flashlab/bench.h): the FLOP formula against a brute-force
+// count of visible pairs, the run plan, alternating rounds, the check of an
+// implementation's outputs, and the checked slice of a large problem.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench/check.h"
+#include "flashlab/bench.h"
+
+namespace flashlab::bench {
+namespace {
+
+// ---- FLOPs ------------------------------------------------------------------------------
+
+// Visible (query, key) pairs of one sequence, straight from the definition in
+// docs/DESIGN.md: row i's diagonal key is i + len_k - len_q, it sees keys within
+// [diag - left, diag + right] (a bound of -1 is unbounded; causal is right = 0).
+int64_t brute_pairs(int len_q, int len_k, int left, int right, bool causal) {
+  if (causal) right = 0;
+  int64_t n = 0;
+  for (int i = 0; i < len_q; ++i)
+    for (int j = 0; j < len_k; ++j) {
+      const int diag = i + len_k - len_q;
+      n += (left < 0 || j >= diag - left) && (right < 0 || j <= diag + right);
+    }
+  return n;
+}
+
+Problem problem(int b, int hq, int hkv, int sq, int sk, int d, int dv) {
+  Problem p;
+  p.batch = b, p.heads_q = hq, p.heads_kv = hkv, p.seqlen_q = sq, p.seqlen_k = sk;
+  p.head_dim = d, p.head_dim_v = dv;
+  return p;
+}
+
+double flops_of(const Problem& p) {
+  double f = -1;
+  EXPECT_TRUE(attention_flops(shape_args(p), &f).ok());
+  return f;
+}
+
+TEST(BenchFlops, DenseIsFourBHSSDWhenDvEqualsD) {
+  const Problem p = problem(2, 3, 3, 64, 96, 32, 32);
+  EXPECT_EQ(flops_of(p), 4.0 * 2 * 3 * 64 * 96 * 32);
+}
+
+TEST(BenchFlops, MasksCountExactlyTheVisiblePairs) {
+  struct Mask {
+    int left, right;
+    bool causal;
+  };
+  const Mask masks[] = {{-1, -1, true}, {-1, 0, false}, {16, 0, false}, {7, 3, false},
+                        {-1, 5, false}, {40, -1, false}, {3, 2, true}, {0, 0, false}};
+  const std::pair<int, int> lengths[] = {{64, 64}, {40, 100}, {100, 40}, {1, 77}, {77, 1}};
+  for (const Mask& m : masks) {
+    for (auto [sq, sk] : lengths) {
+      Problem p = problem(3, 4, 2, sq, sk, 64, 48);
+      p.window_left = m.left, p.window_right = m.right, p.causal = m.causal;
+      const double want = 3.0 * 4 * 2 * (64 + 48) * double(brute_pairs(sq, sk, m.left, m.right, m.causal));
+      EXPECT_EQ(flops_of(p), want) << "window (" << m.left << ", " << m.right << "), causal "
+                                   << m.causal << ", " << sq << "x" << sk;
+    }
+  }
+}
+
+TEST(BenchFlops, CausalSquareIsTheTriangleWithItsDiagonal) {
+  Problem p = problem(2, 8, 8, 1024, 1024, 128, 128);
+  p.causal = true;
+  EXPECT_EQ(flops_of(p), 2.0 * 8 * 2 * (128 + 128) * (1024.0 * 1025 / 2));
+}
+
+TEST(BenchFlops, BackwardIsTwoAndAHalfForwards) {
+  Problem p = problem(1, 2, 2, 100, 200, 64, 64);
+  p.causal = true;
+  const double fwd = pass_flops(p);
+  p.backward = true;
+  EXPECT_EQ(pass_flops(p), kBackwardFlopFactor * fwd);
+}
+
+TEST(BenchFlops, VarlenSumsEverySequenceWithHostCuSeqlens) {
+  const std::vector<int32_t> cu_q = {0, 5, 5, 105, 140}, cu_k = {0, 9, 39, 139, 141};
+  const int heads_q = 6, heads_kv = 3, d = 64, dv = 32;
+  ForwardArgs a;
+  a.q = Tensor::contiguous(nullptr, DType::kF16, {140, heads_q, d});
+  a.k = Tensor::contiguous(nullptr, DType::kF16, {141, heads_kv, d});
+  a.v = Tensor::contiguous(nullptr, DType::kF16, {141, heads_kv, dv});
+  a.maybe_cu_seqlens_q = Tensor::contiguous(const_cast<int32_t*>(cu_q.data()), DType::kI32, {5});
+  a.maybe_cu_seqlens_k = Tensor::contiguous(const_cast<int32_t*>(cu_k.data()), DType::kI32, {5});
+  a.window_left = 20;
+  a.causal = true;
+  int64_t pairs = 0;
+  for (size_t b = 0; b + 1 < cu_q.size(); ++b)
+    pairs += brute_pairs(cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b], 20, -1, true);
+  double f = 0;
+  ASSERT_TRUE(attention_flops(a, &f).ok());
+  EXPECT_EQ(f, double(pairs) * heads_q * 2 * (d + dv));
+
+  a.maybe_cu_seqlens_q.device = Device::kCUDA;
+  const Status s = attention_flops(a, &f);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("host"), std::string::npos) << s.message();
+}
+
+TEST(BenchFlops, BytesOfADecodeCallAreItsKeysAndValues) {
+  Sweep s;
+  s.decode_seqlens = {4096};
+  const Problem p = decode_problems(s).at(0);
+  EXPECT_EQ(p.seqlen_q, 1);
+  EXPECT_EQ(kv_bytes(p), 2.0 * 1 * 4096 * 8 * 128 * 2);  // bf16 K and V
+}
+
+TEST(BenchSweep, FixedTokensAndHiddenSize) {
+  Sweep s;
+  s.head_dims = {64, 256};
+  s.seqlens = {1024, 3000, 16384};  // 3000 does not divide 16384 tokens
+  s.causal = {true};
+  s.backward = false;
+  const std::vector<Problem> ps = sweep_problems(s);
+  ASSERT_EQ(ps.size(), 4u);
+  EXPECT_EQ(ps[0].batch, 16);
+  EXPECT_EQ(ps[0].heads_q, 32);
+  EXPECT_EQ(ps[3].batch, 1);
+  EXPECT_EQ(ps[3].heads_q, 8);
+  for (const Problem& p : ps) EXPECT_TRUE(p.causal && !p.backward);
+}
+
+// ---- timing -----------------------------------------------------------------------------
+
+TEST(BenchTiming, PlanFitsTheBudget) {
+  TimingOptions o;
+  o.warmup = 5, o.iters = 20, o.budget_ms = 3000;
+  EXPECT_EQ(plan_runs(3500, o).timed, 1);  // over budget: one timed call, no warm-up
+  EXPECT_EQ(plan_runs(3500, o).warmup, 0);
+  EXPECT_EQ(plan_runs(500, o).timed, 6);   // six calls fit
+  EXPECT_EQ(plan_runs(500, o).warmup, 1);  // warm-up: at most a quarter of them
+  EXPECT_EQ(plan_runs(1, o).timed, 20);
+  EXPECT_EQ(plan_runs(1, o).warmup, 5);
+  EXPECT_EQ(plan_runs(1000, o).timed, kMinTimedRuns);
+  o.rounds = 3;  // each round gets a third of the budget
+  EXPECT_EQ(plan_runs(500, o).timed, 3);
+  EXPECT_EQ(plan_runs(1500, o).timed, 1);
+}
+
+TEST(BenchTiming, MedianOfEvenAndOdd) {
+  EXPECT_EQ(median({3, 1, 2}), 2);
+  EXPECT_EQ(median({4, 1, 2, 3}), 2.5);
+  EXPECT_TRUE(std::isnan(median({})));
+}
+
+Options quiet_options() {
+  Options o;
+  o.progress = false;
+  o.seed = 7;
+  o.threads = 2;
+  return o;
+}
+
+std::unique_ptr<Bench> make_bench(const Problem& p, const Options& o) {
+  std::unique_ptr<Bench> b;
+  const Status s = Bench::create(p, o, &b);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return b;
+}
+
+TEST(BenchTiming, RoundsAlternateTheEntriesAndTakeTheMedianOfTheirMedians) {
+  Options o = quiet_options();
+  o.check = false;
+  o.timing.warmup = 1, o.timing.iters = 3, o.timing.rounds = 4;
+  auto b = make_bench(problem(1, 1, 1, 8, 8, 16, 16), o);
+  std::string calls;
+  std::vector<Entry> entries(3);
+  for (int i = 0; i < 3; ++i) {
+    const char name = char('a' + i);
+    const Status s = b->add(std::string(1, name), [&calls, name](int) {
+      calls += name;
+      return Status{};
+    }, [](Outputs*) { return Status{}; }, &entries[size_t(i)]);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(entries[size_t(i)].row.status, RowStatus::kUnchecked);
+  }
+  std::vector<Entry*> all = {&entries[0], &entries[1], &entries[2]};
+  ASSERT_TRUE(b->time(all).ok());
+  calls.erase(std::unique(calls.begin(), calls.end()), calls.end());
+  EXPECT_EQ(calls, "abc" "abc" "bca" "cab" "abc");  // the checked calls, then four rounds
+  for (const Entry& e : entries) {
+    ASSERT_EQ(e.row.round_ms.size(), 4u) << e.row.kernel;
+    EXPECT_EQ(e.row.time_ms, median(e.row.round_ms));
+    EXPECT_EQ(e.row.timed_runs, 4 * 3);
+    EXPECT_EQ(e.row.warmup_runs, 4 * 1);
+  }
+}
+
+// ---- the check --------------------------------------------------------------------------
+
+// A peer that computes the forward with cpu_flash into its own buffer, then `spoil`s it.
+struct Peer {
+  std::vector<float> out;
+  Tensor view;
+  Status run(const Bench& b, void (*spoil)(std::vector<float>&)) {
+    const Problem& p = b.problem();
+    out.assign(size_t(p.batch) * p.seqlen_q * p.heads_q * p.head_dim_v, 0.f);
+    view = Tensor::contiguous(out.data(), DType::kF32, {p.batch, p.seqlen_q, p.heads_q, p.head_dim_v});
+    ForwardArgs a;
+    a.q = b.input(0, Operand::kQ), a.k = b.input(0, Operand::kK), a.v = b.input(0, Operand::kV);
+    a.out = view;
+    a.causal = p.causal;
+    a.kernel = "cpu_flash";
+    size_t bytes = 0;
+    if (Status s = workspace_size(a, &bytes); !s.ok()) return s;
+    std::vector<std::byte> ws(bytes);
+    a.workspace = ws.data(), a.workspace_bytes = bytes;
+    if (Status s = forward(a); !s.ok()) return s;
+    spoil(out);
+    return {};
+  }
+};
+
+RowStatus check_peer(void (*spoil)(std::vector<float>&), std::string* reason) {
+  Problem p = problem(2, 4, 2, 33, 47, 16, 24);
+  p.causal = true;
+  auto b = make_bench(p, quiet_options());
+  Peer peer;
+  Entry e;
+  const Status s = b->add("peer", [&](int) { return peer.run(*b, spoil); },
+                          [&](Outputs* o) {
+                            o->out = peer.view;
+                            return Status{};
+                          },
+                          &e);
+  EXPECT_TRUE(s.ok()) << s.message();
+  *reason = e.row.reason;
+  EXPECT_EQ(bool(e.launch), e.row.status == RowStatus::kOk);
+  return e.row.status;
+}
+
+TEST(BenchCheck, APeerIsComparedWithTheFp64Reference) {
+  std::string why;
+  EXPECT_EQ(check_peer([](std::vector<float>&) {}, &why), RowStatus::kOk) << why;
+  EXPECT_EQ(check_peer([](std::vector<float>& o) { o[100] += 1e-3f; }, &why), RowStatus::kFail);
+  EXPECT_NE(why.find("out: error"), std::string::npos) << why;
+  EXPECT_EQ(check_peer([](std::vector<float>& o) { o[7] = NAN; o[9] = NAN; }, &why), RowStatus::kFail);
+  EXPECT_NE(why.find("out: 2 of"), std::string::npos) << why;
+}
+
+TEST(BenchCheck, AWrongShapeFails) {
+  auto b = make_bench(problem(1, 2, 2, 16, 16, 16, 16), quiet_options());
+  std::vector<float> out(16 * 2 * 16);
+  Entry e;
+  ASSERT_TRUE(b->add("peer", [](int) { return Status{}; },
+                     [&](Outputs* o) {
+                       o->out = Tensor::contiguous(out.data(), DType::kF32, {1, 2, 16, 16});
+                       return Status{};
+                     },
+                     &e).ok());
+  EXPECT_EQ(e.row.status, RowStatus::kFail);
+  EXPECT_NE(e.row.reason.find("expected [1, 16, 2, 16]"), std::string::npos) << e.row.reason;
+}
+
+// ---- the slice --------------------------------------------------------------------------
+
+TEST(BenchSlice, ABackwardSliceComparesTheKeysOnlyItsRowsSee) {
+  Problem p = problem(2, 4, 2, 200, 200, 32, 32);
+  p.backward = true;
+  p.causal = true;
+  const Slice s = choose_slice(p, pass_flops(p) / 20, 2);
+  EXPECT_FALSE(s.full);
+  EXPECT_EQ(s.heads_q % 2, 0);  // whole kv groups
+  EXPECT_GT(s.row0, 0);
+  EXPECT_EQ(s.key0, s.row0);  // causal, square: rows before row0 see keys before row0
+  p.causal = false;
+  EXPECT_FALSE(choose_slice(p, pass_flops(p) / 20, 2).keys_compared());
+}
+
+TEST(BenchSlice, ASlicedCheckPassesACorrectKernel) {
+  for (bool causal : {true, false}) {
+    Problem p = problem(2, 4, 2, 150, 170, 32, 32);
+    p.backward = true;
+    p.causal = causal;
+    Options o = quiet_options();
+    o.check_flops = pass_flops(p) / 10;
+    auto b = make_bench(p, o);
+    Entry e;
+    ASSERT_TRUE(b->add_kernel("cpu_flash", &e).ok());
+    EXPECT_EQ(e.row.status, RowStatus::kOk) << e.row.reason;
+    EXPECT_FALSE(std::isnan(e.row.err_dq));
+    EXPECT_EQ(std::isnan(e.row.err_dk), !causal);  // without a right bound: not compared
+    Report r;
+    b->describe(&r);
+    EXPECT_NE(r.checked.find("query rows"), std::string::npos) << r.checked;
+  }
+}
+
+}  // namespace
+}  // namespace flashlab::bench

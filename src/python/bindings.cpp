@@ -185,6 +185,8 @@ size_t backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::ha
 
 }  // namespace
 
+void bind_bench(nb::module_& m);  // src/python/bench_bindings.cpp
+
 NB_MODULE(_flashlab, m) {
   m.doc() = "FlashLab native module (use the flashlab package, not this module)";
 
@@ -226,4 +228,5 @@ NB_MODULE(_flashlab, m) {
     return out;
   });
   m.def("cuda_available", &flashlab::cuda_available);
+  bind_bench(m);
 }

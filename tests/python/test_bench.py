@@ -1,126 +1,152 @@
-"""The peer benchmark's run planning (flashlab.bench.run_entry, time_entries), with stand-ins
-for the kernel, the checker and the timer: no GPU, no torch needed."""
+"""The peer benchmark (python -m flashlab.bench) over the native harness, on the CPU: the
+run plan, alternating rounds of Python callables, the fp64 check of a peer's outputs, the
+FLOP formula, the choice of peers, and a whole run. No GPU and no torch needed."""
 
 from __future__ import annotations
 
-import time
-
+import numpy as np
 import pytest
 
 from flashlab import bench
 
-
-class _Shape:
-    pass
+native = bench.native
 
 
-class _PassingChecker:
-    def check(self, outputs):
-        return True, {"out": 0.0}, {"out": 1e-5}
+def _timing(warmup=5, iters=20, budget_ms=1000.0, rounds=1, warmup_ms=0.0):
+    t = native.TimingOptions()
+    t.warmup, t.iters, t.budget_ms, t.rounds, t.warmup_ms = warmup, iters, budget_ms, rounds, warmup_ms
+    return t
 
 
-class _RecordingTimer:
-    """Stands in for time_cuda/time_cpu: records the plan, returns `iters` samples."""
-
-    def __init__(self):
-        self.warmup = self.iters = None
-
-    def __call__(self, run, nsets, warmup, iters):
-        self.warmup, self.iters = warmup, iters
-        return [1.0] * iters
+def _problem(batch=1, heads=2, heads_kv=None, seqlen=48, seqlen_k=None, hdim=16, causal=False):
+    p = native.Problem()
+    p.batch, p.heads_q, p.heads_kv = batch, heads, heads_kv or heads
+    p.seqlen_q, p.seqlen_k = seqlen, seqlen_k or seqlen
+    p.head_dim = p.head_dim_v = hdim
+    p.dtype, p.device, p.causal = "fp32", "cpu", causal
+    return p
 
 
-def _entry(first_call_s: float, budget_s: float = 1.0):
-    """run_entry over a kernel whose first call takes first_call_s (one-time work) and
-    every later call about nothing; returns (result, timer, calls before timing)."""
-    calls = []
-
-    def make():
-        def run(i):
-            if not calls:
-                time.sleep(first_call_s)
-            calls.append(i)
-            return {"out": None}
-
-        return run
-
-    timer = _RecordingTimer()
-    plan = bench.Plan(warmup=5, iters=20, budget_s=budget_s)
-    res = bench.run_entry("stand-in", _Shape(), "fwd", make, _PassingChecker(), timer, 2, plan,
-                          lambda: None)
-    return res, timer, len(calls)
-
-
-def test_a_slow_first_call_does_not_plan_the_runs():
-    # The first call of a process's first FlashLab entry loads the library's kernels; it
-    # took longer than the whole budget, and the entry was timed from one cold call.
-    res, timer, calls = _entry(first_call_s=1.5, budget_s=1.0)
-    assert res.status == "ok", res.reason
-    assert calls == 2, "a second call measures what a call costs"
-    assert timer.warmup == 5 and timer.iters == 20
-    assert res.runs == 20
-
-
-def test_a_fast_first_call_plans_the_runs_alone():
-    res, timer, calls = _entry(first_call_s=0.0)
-    assert res.status == "ok", res.reason
-    assert calls == 1, "no extra call when the first was cheap"
-    assert timer.warmup == 5 and timer.iters == 20
+def _bench(p, check=True, **timing):
+    return native.Bench(p, _timing(**timing), seed=11, threads=1, check=check)
 
 
 def test_plan_runs_fits_the_budget():
-    plan = bench.Plan(warmup=5, iters=20, budget_s=3.0)
-    assert bench.plan_runs(plan, 3.5) == (0, 1)  # over budget: one timed call, no warm-up
-    warm, iters = bench.plan_runs(plan, 0.5)  # six calls fit
-    assert iters == 6 and warm == 1
+    t = _timing(warmup=5, iters=20, budget_ms=3000.0)
+    assert native.plan_runs(3500.0, t) == (0, 1)  # over budget: one timed call, no warm-up
+    assert native.plan_runs(500.0, t) == (1, 6)  # six calls fit; warm-up a quarter of them
+    assert native.plan_runs(0.01, t) == (5, 20)
 
 
 def test_rounds_alternate_the_entries_and_take_the_median_of_their_medians():
-    # Three entries, four rounds: each round times every entry once, the order rotated, and
-    # an entry's time is the median of its per-round medians.
-    order = []
-    times = {"a": [5.0, 1.0, 2.0, 3.0], "b": [4.0, 4.0, 9.0, 4.0], "c": [7.0, 8.0, 6.0, 5.0]}
+    b = _bench(_problem(), check=False, warmup=1, iters=3, rounds=4)
+    calls = []
 
-    def timer(run, nsets, warmup, iters):
-        name = run(0)
-        order.append(name)
-        t = times[name][sum(1 for n in order if n == name) - 1]
-        return [t] * iters
+    def peer(name):
+        def run(i):
+            calls.append(name)
+            return {}
+        return run
 
-    entries = []
-    for name in "abc":
-        res = bench.Result(_Shape(), "fwd", name, "ok")
-        entries.append((res, lambda i, name=name: name, 0.0))
-    plan = bench.Plan(warmup=1, iters=3, budget_s=1.0)
-    bench.time_entries(entries, timer, 2, plan, rounds=4)
-    assert order == list("abc" "bca" "cab" "abc")
-    ms = {res.impl: res.ms for res, _, _ in entries}
-    assert ms == {"a": 2.5, "b": 4.0, "c": 6.5}
-    assert all(res.runs == 12 for res, _, _ in entries)
+    entries = [b.add(name, peer(name)) for name in "abc"]
+    assert [e.row.status for e in entries] == ["unchecked"] * 3
+    b.time(entries)
+    turns = [c for i, c in enumerate(calls) if i == 0 or calls[i - 1] != c]
+    assert "".join(turns) == "abc" + "abc" "bca" "cab" "abc"  # checked calls, then 4 rounds
+    for e in entries:
+        row = e.row
+        assert len(row.round_ms) == 4 and row.timed_runs == 12 and row.warmup_runs == 4
+        assert row.time_ms == native.median(row.round_ms)
 
 
-def test_rounds_skip_entries_that_were_not_prepared():
-    res_ok = bench.Result(_Shape(), "fwd", "ok", "ok")
-    res_skip = bench.Result(_Shape(), "fwd", "skipped", "skip", reason="refused")
-    timer = _RecordingTimer()
-    plan = bench.Plan(warmup=1, iters=3, budget_s=1.0)
-    bench.time_entries([(res_skip, None, 0.0), (res_ok, lambda i: None, 0.0)], timer, 2, plan,
-                       rounds=3)
-    assert res_ok.runs == 9 and res_ok.ms == 1.0
-    assert res_skip.runs == 0 and res_skip.status == "skip"
+def _attention(q, k, v, causal):
+    """Textbook attention in float64, [B, S, H, D] (bottom-right causal)."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    g = q.shape[2] // k.shape[2]
+    k, v = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        s = np.where(np.arange(sk)[None, :] > np.arange(sq)[:, None] + sk - sq, -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+@pytest.mark.parametrize("spoil, status, reason", [
+    (None, "ok", ""),
+    (lambda o: o.__setitem__((0, 5, 1, 3), o[0, 5, 1, 3] + 1e-3), "FAIL", "out: error"),
+    (lambda o: o.__setitem__((0, 0, 0, 0), np.nan), "FAIL", "out: 1 of"),
+])
+def test_a_peer_is_checked_against_the_fp64_reference(spoil, status, reason):
+    p = _problem(batch=2, heads=4, heads_kv=2, seqlen=40, seqlen_k=56, causal=True)
+    b = _bench(p)
+    q, k, v = (b.input(0, n, "numpy") for n in "qkv")
+
+    def run(i):
+        out = _attention(q, k, v, True).astype(np.float32)
+        if spoil:
+            spoil(out)
+        return {"out": out}
+
+    e = b.add("numpy", run)
+    assert e.row.status == status and reason in e.row.reason
+    assert e.timed == (status == "ok")
+    if status == "ok":
+        assert e.row.errors["out"] < 1e-6
+
+
+def test_a_peer_that_raises_is_an_error_row():
+    b = _bench(_problem())
+
+    def run(i):
+        raise RuntimeError("no kernel for this shape\nmore")
+
+    e = b.add("broken", run)
+    assert e.row.status == "error" and e.row.reason == "RuntimeError: no kernel for this shape"
+    assert not e.timed
+
+
+def test_flops_are_the_native_formula():
+    p = _problem(batch=2, heads=3, seqlen=64, seqlen_k=96, hdim=32)
+    assert p.flops == 4 * 2 * 3 * 64 * 96 * 32
+    p.causal = True
+    p.seqlen_k = 64
+    assert p.flops == 2 * 3 * 2 * (32 + 32) * (64 * 65 // 2)
+    p.backward = True
+    assert p.flops == 2.5 * 2 * 3 * 2 * 64 * (64 * 65 // 2)
+
+
+def test_the_sweep_keeps_tokens_and_hidden_size():
+    ps = native.sweep_problems([64, 128], [1024, 16384], [False, True], True, True, "bf16", "cuda")
+    assert len(ps) == 2 * 2 * 2 * 2
+    assert {(p.batch, p.heads_q, p.seqlen_q) for p in ps if p.head_dim == 128} == {(16, 16, 1024), (1, 16, 16384)}
+    assert [p.backward for p in ps[:2]] == [False, True]
 
 
 def test_peers_restrict_the_gpu_entries_in_the_sweeps_order():
     args = bench.parse_args(["--device", "cpu", "--kernels", "fa2_mma", "--peers",
                              "sdpa_cudnn,triton_fa2"])
-    peers = [i for i in bench.gpu_impls(args, "fwd") if not i.startswith("flashlab:")]
+    peers = [i for i in bench.gpu_impls(args, False) if not i.startswith("flashlab:")]
     assert peers == ["triton_fa2", "sdpa_cudnn"]
     args = bench.parse_args(["--device", "cpu", "--kernels", "fa2_mma"])
-    peers = [i for i in bench.gpu_impls(args, "fwd") if not i.startswith("flashlab:")]
-    assert peers == list(bench.GPU_PEERS)
+    peers = [i for i in bench.gpu_impls(args, False) if not i.startswith("flashlab:")]
+    assert peers == [q for q in bench.GPU_PEERS if q != "fa4" or bench.fa4_importable()]
 
 
 def test_an_unknown_peer_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--device", "cpu", "--peers", "sdpa_cudnn,cudnn"])
     assert "--peers: unknown cudnn" in capsys.readouterr().err
+
+
+def test_a_cpu_run_checks_and_times_every_entry(tmp_path, capsys):
+    rc = bench.main(["--device", "cpu", "--heads", "2", "--seqlen", "64", "--hdim", "16",
+                     "--direction", "both", "--causal", "1", "--budget", "0.1", "--warmup-ms", "0",
+                     "--threads", "1", "--no-progress", "--out", str(tmp_path)])
+    assert rc == 0
+    table = capsys.readouterr().out
+    assert "### forward (TFLOP/s)" in table and "### backward (TFLOP/s)" in table
+    recs = __import__("json").loads((tmp_path / "bench.json").read_text())["results"]
+    ours = [r for r in recs if r["impl"].startswith("flashlab:")]
+    assert len(ours) == 4 and all(r["status"] == "ok" and r["tflops"] > 0 for r in ours)

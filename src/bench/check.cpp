@@ -28,23 +28,28 @@ Box full_box(const Tensor& t) {
 }
 
 // Calls f(element offset in t, index in the compact box) for every element of `box`, in
-// row-major order.
+// row-major order; the innermost axis runs as a plain loop.
 template <class F>
 void for_each_in(const Tensor& t, const Box& box, F&& f) {
-  int64_t n = 1;
-  for (int d = 0; d < t.rank; ++d) n *= box.count[d];
+  const int last = t.rank - 1;
+  int64_t rows = 1;
+  for (int d = 0; d < last; ++d) rows *= box.count[d];
+  const int64_t inner = box.count[last], step = t.stride[last];
   std::array<int64_t, kMaxRank> idx{};
-  for (int64_t c = 0; c < n; ++c) {
-    int64_t off = 0;
-    for (int d = 0; d < t.rank; ++d) off += (box.begin[d] + idx[d]) * t.stride[d];
-    f(off, c);
-    for (int d = t.rank - 1; d >= 0 && ++idx[d] == box.count[d]; --d) idx[d] = 0;
+  int64_t c = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t off = box.begin[last] * step;
+    for (int d = 0; d < last; ++d) off += (box.begin[d] + idx[d]) * t.stride[d];
+    for (int64_t i = 0; i < inner; ++i) f(off + i * step, c++);
+    for (int d = last - 1; d >= 0 && ++idx[d] == box.count[d]; --d) idx[d] = 0;
   }
 }
 
 std::vector<double> gather(const Tensor& host, const Box& box) {
-  std::vector<double> out;
-  for_each_in(host, box, [&](int64_t off, int64_t) { out.push_back(load_as_double(host.data, host.dtype, off)); });
+  int64_t n = 1;
+  for (int d = 0; d < host.rank; ++d) n *= box.count[d];
+  std::vector<double> out(size_t(std::max<int64_t>(n, 0)));
+  for_each_in(host, box, [&](int64_t off, int64_t c) { out[size_t(c)] = load_as_double(host.data, host.dtype, off); });
   return out;
 }
 

@@ -105,6 +105,7 @@ Launch peer_launch(std::shared_ptr<PeerCalls> calls) {
       if (calls->keep) calls->returned = std::move(r);
       return {};
     } catch (nb::python_error& e) {
+      if (e.matches(PyExc_KeyboardInterrupt)) throw;  // the user stops the sweep, not one row
       return {StatusCode::kInvalidArgument, describe_error(e)};
     }
   };

@@ -349,9 +349,9 @@ void Bench::describe(Report* r) const {
   const TimingOptions& t = o.timing;
   char plan[400];
   std::snprintf(plan, sizeof plan,
-                "after the checked call, >= %d warm-up calls%s, then the median of <= %d timed "
-                "calls, as many as fit %.3g s per entry (at least %d; a call over %.3g s is its "
-                "own sample)%s",
+                "after the checked call, %d warm-up calls%s, then the median of <= %d timed "
+                "calls, as many as fit %.3g s per entry (at least %d, warm-up at most a quarter "
+                "of them; a call over %.3g s is its own sample)%s",
                 t.warmup, t.warmup_ms > 0 ? (" lasting >= " + std::to_string(int(t.warmup_ms)) + " ms").c_str() : "",
                 t.iters, t.budget_ms / 1e3, kMinTimedRuns, kSelfTimedMs / 1e3,
                 t.rounds > 1 ? (", in " + std::to_string(t.rounds) +

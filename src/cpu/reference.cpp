@@ -2,9 +2,10 @@
 //
 // Straightforward attention in fp64, the way a textbook writes it: for each (batch, head)
 // materialize the whole score matrix S = scale·Q Kᵀ (transformed by the mask policy's
-// softcap), softmax each row, multiply by V. Extra memory is O(seqlen_q · seqlen_k) per
-// thread — exactly what FlashAttention avoids, and what `flashlab bench` shows next to
-// cpu_flash.
+// softcap), softmax each row as P = exp(S − m) / l (m the row max, l the row sum, kept
+// apart so that huge logits keep their weights; see RowSoftmax), multiply by V. Extra
+// memory is O(seqlen_q · seqlen_k) per thread — exactly what FlashAttention avoids, and
+// what `flashlab bench` shows next to cpu_flash.
 //
 // The backward recomputes P from the scores (not from the given LSE, so a wrong LSE cannot
 // hide), then with FlashAttention-2's preprocessing D_i = rowsum(dO_i ∘ O_i):
@@ -66,10 +67,20 @@ double kept(const AttnParams& p, int bh, int i, int j) {
   return p.dropout.keep(uint32_t(bh), i, j) ? 1.0 / (1.0 - double(p.dropout.p)) : 0.0;
 }
 
-// Logits of one (batch, head): S[i][j] for the allowed keys, and each row's LSE (-inf for
-// a row that sees no key).
-void scores_and_lse(const AttnParams& p, int len_q, int len_k, const double* Q, const double* K,
-                    double* S, double* lse) {
+// The softmax of each row of one (batch, head), kept as its max logit m and its sum
+// l = Σ exp(s − m) over the keys the row sees, not as LSE = m + log(l): when the logits are
+// huge, m + log(l) rounds log(l) away, and exp(s − LSE) would give each of n tied keys
+// weight 1 instead of 1/n. A row that sees no key has l = 0.
+struct RowSoftmax {
+  double* m;  // [len_q]
+  double* l;  // [len_q]
+  double prob(int i, double s) const { return std::exp(s - m[i]) / l[i]; }
+  double lse(int i) const { return l[i] == 0 ? kNegInf : m[i] + std::log(l[i]); }
+};
+
+// Logits of one (batch, head): S[i][j] for the allowed keys, and each row's softmax.
+void scores_and_softmax(const AttnParams& p, int len_q, int len_k, const double* Q, const double* K,
+                        double* S, const RowSoftmax& rows) {
   const int D = p.head_dim;
   for (int i = 0; i < len_q; ++i) {
     const int jb = p.mask.key_begin(i, len_q, len_k), je = p.mask.key_end(i, len_q, len_k);
@@ -79,13 +90,10 @@ void scores_and_lse(const AttnParams& p, int len_q, int len_k, const double* Q, 
       s[j] = p.mask.logit(double(p.scale) * dot(Q + int64_t(i) * D, K + int64_t(j) * D, D));
       m = std::max(m, s[j]);
     }
-    if (jb >= je) {
-      lse[i] = kNegInf;
-      continue;
-    }
     double l = 0;
     for (int j = jb; j < je; ++j) l += std::exp(s[j] - m);
-    lse[i] = m + std::log(l);
+    rows.m[i] = m;
+    rows.l[i] = l;
   }
 }
 
@@ -94,7 +102,7 @@ void scores_and_lse(const AttnParams& p, int len_q, int len_k, const double* Q, 
 Split fwd_split(const AttnParams& p) {
   const size_t sq = size_t(p.seqlen_q), sk = size_t(p.seqlen_k);
   return split(p, p.batch * p.heads_q,
-               sq * p.head_dim + sk * (p.head_dim + p.head_dim_v) + sq * sk + sq + sq * p.head_dim_v);
+               sq * p.head_dim + sk * (p.head_dim + p.head_dim_v) + sq * sk + 2 * sq + sq * p.head_dim_v);
 }
 
 size_t ref_fwd_workspace(const FwdParams& p) { return fwd_split(p).bytes(); }
@@ -111,25 +119,25 @@ Status ref_fwd(const FwdParams& p) {
     double* K = Q + int64_t(p.seqlen_q) * D;        // [len_k, D]
     double* V = K + int64_t(Sk) * D;                // [len_k, Dv]
     double* S = V + int64_t(Sk) * Dv;               // [len_q, Sk]
-    double* lse = S + int64_t(p.seqlen_q) * Sk;     // [len_q]
-    double* O = lse + p.seqlen_q;                   // [len_q, Dv]
+    const RowSoftmax rows{S + int64_t(p.seqlen_q) * Sk, S + int64_t(p.seqlen_q) * (Sk + 1)};
+    double* O = rows.l + p.seqlen_q;                // [len_q, Dv]
     gather(p.q, p.dtype, b * p.q_batch_stride + sb.start_q * p.q_row_stride + h * p.q_head_stride,
            p.q_row_stride, sb.len_q, D, Q);
     gather(p.k, p.dtype, b * p.k_batch_stride + sb.start_k * p.k_row_stride + hk * p.k_head_stride,
            p.k_row_stride, sb.len_k, D, K);
     gather(p.v, p.dtype, b * p.v_batch_stride + sb.start_k * p.v_row_stride + hk * p.v_head_stride,
            p.v_row_stride, sb.len_k, Dv, V);
-    scores_and_lse(p, sb.len_q, sb.len_k, Q, K, S, lse);
+    scores_and_softmax(p, sb.len_q, sb.len_k, Q, K, S, rows);
     for (int i = 0; i < sb.len_q; ++i) {
       double* o = O + int64_t(i) * Dv;
       std::fill(o, o + Dv, 0.0);
       const int jb = p.mask.key_begin(i, sb.len_q, sb.len_k), je = p.mask.key_end(i, sb.len_q, sb.len_k);
       for (int j = jb; j < je; ++j) {
-        const double zij = std::exp(S[int64_t(i) * Sk + j] - lse[i]) * kept(p, t, i, j);
+        const double zij = rows.prob(i, S[int64_t(i) * Sk + j]) * kept(p, t, i, j);
         for (int d = 0; d < Dv; ++d) o[d] += zij * V[int64_t(j) * Dv + d];
       }
       if (p.lse)
-        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + sb.start_q + i] = float(lse[i]);
+        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + sb.start_q + i] = float(rows.lse(i));
     }
     scatter(p.out, p.dtype, b * p.o_batch_stride + sb.start_q * p.o_row_stride + h * p.o_head_stride,
             p.o_row_stride, sb.len_q, Dv, O);
@@ -142,7 +150,7 @@ Status ref_fwd(const FwdParams& p) {
 Split bwd_split(const AttnParams& p) {
   const size_t sq = size_t(p.seqlen_q), sk = size_t(p.seqlen_k);
   const size_t D = p.head_dim, Dv = p.head_dim_v;
-  return split(p, p.batch * p.heads_kv, sk * (2 * D + 2 * Dv) + sq * (2 * D + 2 * Dv) + sq * sk + 2 * sq);
+  return split(p, p.batch * p.heads_kv, sk * (2 * D + 2 * Dv) + sq * (2 * D + 2 * Dv) + sq * sk + 3 * sq);
 }
 
 size_t ref_bwd_workspace(const BwdParams& p) { return bwd_split(p).bytes(); }
@@ -165,8 +173,8 @@ Status ref_bwd(const BwdParams& p) {
     double* O = dQ + int64_t(Sq) * D;      // [lq, Dv]
     double* dO = O + int64_t(Sq) * Dv;     // [lq, Dv]
     double* S = dO + int64_t(Sq) * Dv;     // [lq, Sk] logits
-    double* lse = S + int64_t(Sq) * Sk;    // [lq]
-    double* Drow = lse + Sq;               // [lq]
+    const RowSoftmax rows{S + int64_t(Sq) * Sk, S + int64_t(Sq) * (Sk + 1)};  // [lq] each
+    double* Drow = rows.l + Sq;            // [lq]
     gather(p.k, p.dtype, b * p.k_batch_stride + sb.start_k * p.k_row_stride + hk * p.k_head_stride,
            p.k_row_stride, lk, D, K);
     gather(p.v, p.dtype, b * p.v_batch_stride + sb.start_k * p.v_row_stride + hk * p.v_head_stride,
@@ -181,7 +189,7 @@ Status ref_bwd(const BwdParams& p) {
       gather(p.dout, p.dtype,
              b * p.do_batch_stride + sb.start_q * p.do_row_stride + h * p.do_head_stride,
              p.do_row_stride, lq, Dv, dO);
-      scores_and_lse(p, lq, lk, Q, K, S, lse);
+      scores_and_softmax(p, lq, lk, Q, K, S, rows);
       for (int i = 0; i < lq; ++i) Drow[i] = dot(dO + int64_t(i) * Dv, O + int64_t(i) * Dv, Dv);
       std::fill(dQ, dQ + int64_t(lq) * D, 0.0);
       const int bh = b * p.heads_q + h;
@@ -189,7 +197,7 @@ Status ref_bwd(const BwdParams& p) {
         const int jb = p.mask.key_begin(i, lq, lk), je = p.mask.key_end(i, lq, lk);
         for (int j = jb; j < je; ++j) {
           const double logit = S[int64_t(i) * Sk + j];
-          const double pij = std::exp(logit - lse[i]);
+          const double pij = rows.prob(i, logit);
           const double mij = kept(p, bh, i, j);  // 1 without dropout
           const double dpij = dot(dO + int64_t(i) * Dv, V + int64_t(j) * Dv, Dv) * mij;
           const double dsij = pij * (dpij - Drow[i]) * p.mask.dlogit(logit) * double(p.scale);

@@ -537,7 +537,7 @@ def parse_args(argv=None):
                    help="time each problem's entries in this many alternating rounds (the order "
                         "rotated each round), each entry's time the median of its rounds' "
                         "medians; 1: each entry timed alone, one after the other")
-    p.add_argument("--check-gflops", type=float, default=10.0,
+    p.add_argument("--check-gflops", type=float, default=4.0,
                    help="the fp64 reference's budget per problem; larger ones are checked on a slice")
     p.add_argument("--quadratic-limit", type=float, default=4.0,
                    help="GiB of O(seqlen^2) workspace the naive rung may take")

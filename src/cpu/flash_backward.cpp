@@ -7,23 +7,46 @@
 // key blocks that different tasks own, so pass 2, one task per (batch, head, query block),
 // recomputes P and dS once more and accumulates dQ: 7 tile GEMMs instead of 5, but no
 // locks, no atomics and no per-thread dQ copies (those would be O(threads · total_q · D)).
+// On the split path (huge scales, flash_common.h) an fp32 LSE no longer holds a row's sum,
+// so a pass 0 over the query blocks first recomputes each row's max and sum as the forward
+// does, and passes 1 and 2 read those instead of LSE.
 // Tile layouts avoid transposes inside the loops: pass 1 holds Kᵀ and Vᵀ for its keys and
 // computes S = Q Kᵀ [queries, keys]; pass 2 holds Qᵀ and dOᵀ and computes Sᵀ = K Qᵀ.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "cpu/flash_common.h"
 
 namespace flashlab::cpu {
 namespace {
 
-// LSE of row i in base 2. A row that saw no key has LSE −inf; +inf makes its P exactly 0
-// (its entries are masked anyway; this keeps an unmasked stray from becoming inf).
-float lse_base2(const BwdParams& p, int b, int h, int64_t start_q, int i) {
+// The split path's row statistics (see split_scale), written by pass 0 for every
+// (batch, head, row) and read by passes 1 and 2; both null on the normal path.
+struct RowStats {
+  double* m2 = nullptr;    // [heads_q · total_q] row max in base 2 (0 for a row that saw no key)
+  float* inv_l = nullptr;  // [heads_q · total_q] 1 / row sum (0 for a row that saw no key)
+};
+
+int64_t stat_index(const AttnParams& p, int b, int h, int64_t start_q, int i) {
+  return p.varlen ? int64_t(h) * p.total_q + start_q + i : (int64_t(b) * p.heads_q + h) * p.seqlen_q + i;
+}
+
+// Row i's softmax as passes 1 and 2 read it. Normal path: LSE in base 2; a row that saw no
+// key has LSE −inf, and +inf makes its P exactly 0 (its entries are masked anyway; this
+// keeps an unmasked stray from becoming inf). Split path: the max and 1/sum of pass 0.
+void load_row_softmax(const BwdParams& p, const RowStats& st, int b, int h, int64_t start_q, int i,
+                      float* lse2, double* m2, float* inv_l) {
+  if (st.m2) {
+    const int64_t e = stat_index(p, b, h, start_q, i);
+    *m2 = st.m2[e];
+    *inv_l = st.inv_l[e];
+    return;
+  }
   const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + start_q + i];
-  return lse == kNegInf ? kPosInf : lse * kLog2e;
+  *lse2 = lse == kNegInf ? kPosInf : lse * kLog2e;
 }
 
 // D_i = dO_i · O_i, with dO_i already converted in `dO` and O_i converted into `row`.
@@ -37,31 +60,52 @@ float row_dot_out(const BwdParams& p, int b, int h, const SeqBounds& sb, int i, 
   return s;
 }
 
-// P and dS of one tile, elementwise. X holds logits (base-2, or natural when softcapped)
-// and becomes P; Y holds dP and becomes dS = P ∘ (dP − D_i) ∘ dlogit · scale. `lse2` and
-// `drow` are indexed by the query, which is the row (kQueryIsColumn false: pass 1's
-// [M, N] tiles) or the column (pass 2's [N, M] Sᵀ tiles). valid(r, c) says whether an
-// entry is allowed by the mask; it is only consulted in the kMasked instantiation.
-template <bool kQueryIsColumn, bool kMasked, bool kCapped, class Valid>
+// Each query's softmax and D_i in a tile's per-query arrays ([kBlockM] each): lse2 on the
+// normal path, m2 and inv_l on the split path.
+struct QueryRows {
+  const float* lse2;
+  const double* m2;
+  const float* inv_l;
+  const float* drow;
+};
+
+// P and dS of one tile, elementwise. X holds logits (base-2, natural when softcapped, raw
+// dot products on the split path) and becomes P; Y holds dP and becomes
+// dS = P ∘ (dP − D_i) ∘ dlogit · scale. The per-query arrays are indexed by the query,
+// which is the row (kQueryIsColumn false: pass 1's [M, N] tiles) or the column (pass 2's
+// [N, M] Sᵀ tiles). valid(r, c) says whether an entry is allowed by the mask; it is only
+// consulted in the kMasked instantiation.
+template <bool kQueryIsColumn, bool kMasked, bool kCapped, bool kSplit, class Valid>
 void p_and_ds(const BwdParams& p, float* X, float* Y, int rows, int cols, int64_t ld,
-              const float* lse2, const float* drow, Valid valid) {
+              const QueryRows& qr, Valid valid) {
   const float scale = p.scale;
   const MaskPolicy mask = p.mask;
+  const float* lse2 = qr.lse2;
+  const float* drow = qr.drow;
   for (int r = 0; r < rows; ++r) {
     float* x = X + r * ld;
     float* y = Y + r * ld;
 #pragma omp simd
     for (int c = 0; c < cols; ++c) {
       const int qi = kQueryIsColumn ? c : r;
-      float s = x[c], g = scale;
-      if constexpr (kCapped) {
-        // MaskPolicy's logit and dlogit, written out: its dlogit branches on softcap > 0,
-        // and a branch stops this loop from vectorizing.
-        const float th = tanh_fast(s / mask.softcap);
-        g = (1.f - th * th) * scale;
-        s = mask.softcap * th * kLog2e;
+      float pr, g = scale;
+      if constexpr (kSplit) {
+        // The logit in fp64, as pass 0 computed the row max from it; exp2's argument is
+        // <= 0 up to rounding, and clamped so that P <= 1/l.
+        const double t2 = logit2(mask, p.scale, x[c]);
+        g = float(mask.dlogit(t2 * kLn2F64) * double(p.scale));
+        pr = exp2_fast(std::min(float(t2 - qr.m2[qi]), 0.f)) * qr.inv_l[qi];
+      } else {
+        float s = x[c];
+        if constexpr (kCapped) {
+          // MaskPolicy's logit and dlogit, written out: its dlogit branches on softcap > 0,
+          // and a branch stops this loop from vectorizing.
+          const float th = tanh_fast(s / mask.softcap);
+          g = (1.f - th * th) * scale;
+          s = mask.softcap * th * kLog2e;
+        }
+        pr = exp2_fast(s - lse2[qi]);
       }
-      float pr = exp2_fast(s - lse2[qi]);
       if constexpr (kMasked) pr = blend(valid(r, c), pr, 0.f);
       x[c] = pr;
       y[c] = pr * (y[c] - drow[qi]) * g;
@@ -71,14 +115,16 @@ void p_and_ds(const BwdParams& p, float* X, float* Y, int rows, int cols, int64_
 
 template <bool kQueryIsColumn, class Valid>
 void p_and_ds_dispatch(const BwdParams& p, bool masked, float* X, float* Y, int rows, int cols,
-                       int64_t ld, const float* lse2, const float* drow, Valid valid) {
+                       int64_t ld, const QueryRows& qr, Valid valid) {
   const bool capped = p.mask.softcap > 0.f;
-  if (masked) {
-    if (capped) p_and_ds<kQueryIsColumn, true, true>(p, X, Y, rows, cols, ld, lse2, drow, valid);
-    else p_and_ds<kQueryIsColumn, true, false>(p, X, Y, rows, cols, ld, lse2, drow, valid);
+  if (split_scale(p)) {
+    p_and_ds<kQueryIsColumn, true, false, true>(p, X, Y, rows, cols, ld, qr, valid);
+  } else if (masked) {
+    if (capped) p_and_ds<kQueryIsColumn, true, true, false>(p, X, Y, rows, cols, ld, qr, valid);
+    else p_and_ds<kQueryIsColumn, true, false, false>(p, X, Y, rows, cols, ld, qr, valid);
   } else {
-    if (capped) p_and_ds<kQueryIsColumn, false, true>(p, X, Y, rows, cols, ld, lse2, drow, valid);
-    else p_and_ds<kQueryIsColumn, false, false>(p, X, Y, rows, cols, ld, lse2, drow, valid);
+    if (capped) p_and_ds<kQueryIsColumn, false, true, false>(p, X, Y, rows, cols, ld, qr, valid);
+    else p_and_ds<kQueryIsColumn, false, false, false>(p, X, Y, rows, cols, ld, qr, valid);
   }
 }
 
@@ -96,7 +142,7 @@ int first_row(int len_q, Pred pred) {
 
 // Pass 1: dK, dV of keys [j0, j0 + n) of kv head hk, over every query head of its group
 // and every query row that sees one of these keys.
-void dkdv_block(const BwdParams& p, const KTiles& w, int b, int hk, int j0) {
+void dkdv_block(const BwdParams& p, const RowStats& st, const KTiles& w, int b, int hk, int j0) {
   const SeqBounds sb = host_seq_bounds(p, b);
   const int lq = sb.len_q, lk = sb.len_k;
   const int D = p.head_dim, Dv = p.head_dim_v, Dp = padded(D), Dvp = padded(Dv);
@@ -133,7 +179,7 @@ void dkdv_block(const BwdParams& p, const KTiles& w, int b, int hk, int j0) {
         float* dO = w.dO + int64_t(i) * Dvp;
         load_row(p.dout, p.dtype, do_first + int64_t(i) * p.do_row_stride, Dv, 1.f, dO);
         w.Drow[i] = row_dot_out(p, b, h, sb, i0 + i, dO, w.row);
-        w.lse2[i] = lse_base2(p, b, h, sb.start_q, i0 + i);
+        load_row_softmax(p, st, b, h, sb.start_q, i0 + i, w.lse2 + i, w.m2 + i, w.inv_l + i);
         w.kb[i] = p.mask.key_begin(i0 + i, lq, lk);
         w.ke[i] = p.mask.key_end(i0 + i, lq, lk);
       }
@@ -149,7 +195,7 @@ void dkdv_block(const BwdParams& p, const KTiles& w, int b, int hk, int j0) {
       const int* kb = w.kb;
       const int* ke = w.ke;
       auto valid = [&](int r, int c) { return (j0 + c >= kb[r]) & (j0 + c < ke[r]); };
-      p_and_ds_dispatch<false>(p, masked, w.S, w.dP, m, nc, kBlockN, w.lse2, w.Drow, valid);
+      p_and_ds_dispatch<false>(p, masked, w.S, w.dP, m, nc, kBlockN, {w.lse2, w.m2, w.inv_l, w.Drow}, valid);
       // dV += Pᵀ dO and dK += dSᵀ Q: A read transposed from the [m, kBlockN] tiles.
       gemm<true, true>(n, Dvp, m, w.S, kBlockN, w.dO, Dvp, w.dV, Dvp);
       gemm<true, true>(n, Dp, m, w.dP, kBlockN, w.Q, Dp, w.dK, Dp);
@@ -165,11 +211,12 @@ void dkdv_block(const BwdParams& p, const KTiles& w, int b, int hk, int j0) {
 }
 
 // Pass 2: dQ of one query block, recomputing P and dS over its key blocks.
-void dq_block(const BwdParams& p, const QTiles& w, const QBlock& q) {
+void dq_block(const BwdParams& p, const RowStats& st, const QTiles& w, const QBlock& q) {
   const int D = p.head_dim, Dv = p.head_dim_v, Dp = padded(D), Dvp = padded(Dv);
 
   load_q_block(p, q, w.Qt);
-  // dOᵀ, D_i and LSE per query column; padding columns get D = 0 and LSE = +inf (P = 0).
+  // dOᵀ, D_i and the softmax per query column; padding columns get D = 0 and P = 0 (LSE
+  // +inf, or 1/l = 0).
   for (int d = 0; d < Dv; ++d)
     for (int i = q.m; i < q.mc; ++i) w.dOt[int64_t(d) * kBlockM + i] = 0.f;
   const int64_t do_first = at(p.do_batch_stride, p.do_row_stride, p.do_head_stride, q.b, q.sb.start_q, q.i0, q.h);
@@ -179,11 +226,13 @@ void dq_block(const BwdParams& p, const QTiles& w, const QBlock& q) {
     load_row(p.dout, p.dtype, do_first + int64_t(i) * p.do_row_stride, Dv, 1.f, dO_row);
     for (int d = 0; d < Dv; ++d) w.dOt[int64_t(d) * kBlockM + i] = dO_row[d];
     w.Drow[i] = row_dot_out(p, q.b, q.h, q.sb, q.i0 + i, dO_row, o_row);
-    w.lse2[i] = lse_base2(p, q.b, q.h, q.sb.start_q, q.i0 + i);
+    load_row_softmax(p, st, q.b, q.h, q.sb.start_q, q.i0 + i, w.lse2 + i, w.m2 + i, w.inv_l + i);
   }
   for (int i = q.m; i < q.mc; ++i) {
     w.Drow[i] = 0.f;
     w.lse2[i] = kPosInf;
+    w.m2[i] = 0.0;
+    w.inv_l[i] = 0.f;
   }
   key_ranges(p, q, w.kb, w.ke);
   float* dQ = w.acc;  // [m, Dp]
@@ -196,7 +245,7 @@ void dq_block(const BwdParams& p, const QTiles& w, const QBlock& q) {
     const int* kb = w.kb;
     const int* ke = w.ke;
     auto valid = [&](int r, int c) { return (j0 + r >= kb[c]) & (j0 + r < ke[c]); };
-    p_and_ds_dispatch<true>(p, masked, w.St, w.dPt, n, q.mc, kBlockM, w.lse2, w.Drow, valid);
+    p_and_ds_dispatch<true>(p, masked, w.St, w.dPt, n, q.mc, kBlockM, {w.lse2, w.m2, w.inv_l, w.Drow}, valid);
     // dQ[i][:] += Σ_j dS[i][j] K[j][:], dS read from the dSᵀ tile.
     gemm<true, true>(q.m, Dp, n, w.dPt, kBlockM, w.K, Dp, dQ, Dp);
   });
@@ -206,17 +255,44 @@ void dq_block(const BwdParams& p, const QTiles& w, const QBlock& q) {
     store_row(p.dq, p.dtype, dq_first + int64_t(i) * p.dq_row_stride, D, 1.f, dQ + int64_t(i) * Dp);
 }
 
+// Pass 0, split path only: each row's max and sum, computed as the forward computes them.
+void stats_block(const BwdParams& p, const RowStats& st, const QTiles& w, const QBlock& q) {
+  load_q_block(p, q, w.Qt);
+  key_ranges(p, q, w.kb, w.ke);
+  for (int i = 0; i < q.mc; ++i) {
+    w.m2[i] = -std::numeric_limits<double>::infinity();
+    w.l[i] = 0.f;
+  }
+  for_each_key_block(p, w, q, [&](int j0, int n, bool) { split_softmax_step(p, w, q, j0, n); });
+  for (int i = 0; i < q.m; ++i) {
+    const int64_t e = stat_index(p, q.b, q.h, q.sb.start_q, q.i0 + i);
+    st.m2[e] = w.l[i] == 0.f ? 0.0 : w.m2[i];
+    st.inv_l[e] = w.l[i] == 0.f ? 0.f : 1.f / w.l[i];
+  }
+}
+
 size_t bwd_slot_bytes(const BwdParams& p) { return std::max(q_slot_bytes(p, true), k_slot_bytes(p)); }
 int bwd_threads(const BwdParams& p) {
   return std::max(threads_for(k_tasks(p), p.num_threads), threads_for(q_tasks(p), p.num_threads));
 }
+size_t stats_bytes(const BwdParams& p) {
+  return split_scale(p) ? size_t(p.heads_q) * size_t(p.total_q) * (sizeof(double) + sizeof(float)) : 0;
+}
 
 }  // namespace
 
-size_t flash_bwd_workspace(const BwdParams& p) { return kAlign + bwd_slot_bytes(p) * bwd_threads(p); }
+size_t flash_bwd_workspace(const BwdParams& p) {
+  return kAlign + bwd_slot_bytes(p) * bwd_threads(p) + stats_bytes(p);
+}
 
 Status flash_bwd(const BwdParams& p) {
   const size_t slot = bwd_slot_bytes(p);
+  RowStats st;
+  if (split_scale(p)) {
+    st.m2 = reinterpret_cast<double*>(thread_slot(p.workspace, slot, bwd_threads(p)));
+    st.inv_l = reinterpret_cast<float*>(st.m2 + int64_t(p.heads_q) * p.total_q);
+    for_each_q_block(p, slot, true, [&](const QTiles& w, const QBlock& q) { stats_block(p, st, w, q); });
+  }
 
   const int64_t nkb = blocks(p.seqlen_k, kBlockN);
   const int64_t ktasks = k_tasks(p);
@@ -230,10 +306,10 @@ Status flash_bwd(const BwdParams& p) {
     if (j0 >= host_seq_bounds(p, b).len_k) continue;
     size_t unused = 0;
     const KTiles w = carve_k(p, thread_slot(p.workspace, slot, omp_get_thread_num()), &unused);
-    dkdv_block(p, w, b, hk, j0);
+    dkdv_block(p, st, w, b, hk, j0);
   }
 
-  for_each_q_block(p, slot, true, [&](const QTiles& w, const QBlock& q) { dq_block(p, w, q); });
+  for_each_q_block(p, slot, true, [&](const QTiles& w, const QBlock& q) { dq_block(p, st, w, q); });
   return {};
 }
 

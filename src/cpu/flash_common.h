@@ -229,6 +229,9 @@ struct QTiles {
   float* l;      // [kBlockM] running sum
   float* alpha;  // [kBlockM] rescale factor of this key block
   float* msafe;  // [kBlockM] max to subtract: 0 while the max is still −inf
+  double* m2;    // [kBlockM] split path: running max (base 2, fp64); in pass 2 the row's max
+  double* m2safe;  // [kBlockM] split path: max to subtract (0 while the max is still −inf)
+  float* inv_l;  // [kBlockM] split path, backward: 1 / row sum (0 for a row that saw no key)
   float* lse2;   // [kBlockM] LSE · log2(e) (backward)
   float* Drow;   // [kBlockM] rowsum(dO ∘ O) (backward)
   float* row;    // [2, Dvp] one converted row of dO and one of O (backward)
@@ -251,6 +254,9 @@ inline QTiles carve_q(const AttnParams& p, char* base, bool backward, size_t* by
   t.l = a.take<float>(kBlockM);
   t.alpha = a.take<float>(kBlockM);
   t.msafe = a.take<float>(kBlockM);
+  t.m2 = a.take<double>(kBlockM);
+  t.m2safe = a.take<double>(kBlockM);
+  t.inv_l = a.take<float>(kBlockM);
   t.lse2 = a.take<float>(kBlockM);
   t.Drow = a.take<float>(kBlockM);
   t.row = a.take<float>(2 * int64_t(Dvp));
@@ -272,6 +278,8 @@ struct KTiles {
   float* S;     // [kBlockM, kBlockN] logits, then P
   float* dP;    // [kBlockM, kBlockN] dP, then dS
   float* lse2;  // [kBlockM] LSE · log2(e)
+  double* m2;   // [kBlockM] split path: the row's max (base 2, fp64)
+  float* inv_l;  // [kBlockM] split path: 1 / the row's sum
   float* Drow;  // [kBlockM] rowsum(dO ∘ O)
   float* row;   // [Dvp] one converted row of O
   int* kb;      // [kBlockM] first key each query row sees
@@ -291,6 +299,8 @@ inline KTiles carve_k(const AttnParams& p, char* base, size_t* bytes) {
   t.S = a.take<float>(int64_t(kBlockM) * kBlockN);
   t.dP = a.take<float>(int64_t(kBlockM) * kBlockN);
   t.lse2 = a.take<float>(kBlockM);
+  t.m2 = a.take<double>(kBlockM);
+  t.inv_l = a.take<float>(kBlockM);
   t.Drow = a.take<float>(kBlockM);
   t.row = a.take<float>(Dvp);
   t.kb = a.take<int>(kBlockM);
@@ -407,10 +417,43 @@ inline void load_kv_block(const AttnParams& p, const QBlock& q, int j0, int n, i
   prefetch_rows(p.v, p.dtype, v_first + int64_t(j0 + n) * p.v_row_stride, p.v_row_stride, next, Dv);
 }
 
+// ---- huge scales ------------------------------------------------------------------------
+
+// Scores normally come out of the tile GEMM already scaled (the query-side or key-side tile
+// is multiplied by scale·log2(e) as it is loaded), and the backward recomputes each
+// probability as exp2(s − LSE·log2(e)). Both need |scale·log2(e)| well inside fp32: above
+// 2^16, scores of unit-size inputs are beyond 2^16, where an fp32 ulp is a sizeable part of
+// one unit of log2 (and scale·log2(e) itself overflows fp32 above 2.36e38), so pre-scaled
+// scores would overflow or lose the ties between keys, and an fp32 LSE = m + log(l) no
+// longer holds log(l). Such calls take the split path: tiles hold raw dot products q·k, the
+// scale, the softcap and log2(e) are applied to each one in fp64 (logit2), the row max is
+// kept in fp64, and the backward recomputes every row's max and sum (its pass 0) instead
+// of reading them from LSE. The split path's softmax costs a few fp64 operations per score
+// next to the 2·D flops of its dot product.
+constexpr double kMaxPrescale = 65536.0;
+
+inline bool split_scale(const AttnParams& p) {
+  return !(std::fabs(double(p.scale) * kLog2eF64) <= kMaxPrescale);
+}
+
+// The base-2 logit of raw dot product r: log2(e) · logit(scale · r), in fp64. Never
+// inlined: the split path compares and subtracts its results, so each must be the same
+// rounded double wherever it is computed, and an inlined copy could have its last multiply
+// fused into the caller's subtraction (GCC contracts a·b − c into an FMA across
+// statements). One unrounded product next to its rounded twin differs by up to half an
+// ulp of 2^128 — enough to make a tied key's probability 0 or 2^127.
+[[gnu::noinline]] inline double logit2(const MaskPolicy& mask, double scale, float r) {
+  return kLog2eF64 * mask.logit(scale * double(r));
+}
+
 // What the query-side (or, in the backward's pass 1, key-side) tile is multiplied by as it
 // is loaded: scale·log2(e), so that scores come out in base 2, or with softcap the plain
 // scale (the cap's tanh needs natural units; softcap_tile converts to base 2 after it).
-inline float prescale(const AttnParams& p) { return p.mask.softcap > 0.f ? p.scale : p.scale_log2; }
+// The split path keeps raw dot products.
+inline float prescale(const AttnParams& p) {
+  if (split_scale(p)) return 1.f;
+  return p.mask.softcap > 0.f ? p.scale : p.scale_log2;
+}
 
 // The block's transposed, pre-scaled query tile Qᵀ [D, kBlockM].
 inline void load_q_block(const AttnParams& p, const QBlock& q, float* Qt) {
@@ -426,6 +469,34 @@ inline bool score_tile(const AttnParams& p, const QTiles& w, const QBlock& q, in
   load_kv_block(p, q, j0, n, je, w.K, w.V);
   gemm<false, false>(n, q.mc, p.head_dim, w.K, padded(p.head_dim), w.Qt, kBlockM, w.St, kBlockM);
   return !p.mask.tile_is_full(q.i0, q.i0 + q.m, j0, j0 + n, q.sb.len_q, q.sb.len_k);
+}
+
+// The online softmax of one key block on the split path: the Sᵀ tile [n, mc] holds raw dot
+// products and becomes Pᵀ (exactly 0 where masked); m2 and l are each query column's running
+// max (base 2, fp64) and sum, alpha the factor that rescales its O row and l.
+inline void split_softmax_step(const AttnParams& p, const QTiles& w, const QBlock& q, int j0, int n) {
+  const double scale = p.scale;
+  auto valid = [&](int j, int i) { return j0 + j >= w.kb[i] && j0 + j < w.ke[i]; };
+  for (int i = 0; i < q.mc; ++i) w.m2safe[i] = w.m2[i];  // the new max, for now
+  for (int j = 0; j < n; ++j) {
+    const float* s = w.St + int64_t(j) * kBlockM;
+    for (int i = 0; i < q.mc; ++i)
+      if (valid(j, i)) w.m2safe[i] = std::max(w.m2safe[i], logit2(p.mask, scale, s[i]));
+  }
+  for (int i = 0; i < q.mc; ++i) {
+    const double m_new = w.m2safe[i];
+    w.m2safe[i] = m_new == -std::numeric_limits<double>::infinity() ? 0.0 : m_new;
+    w.alpha[i] = exp2_fast(float(w.m2[i] - w.m2safe[i]));
+    w.m2[i] = m_new;
+    w.l[i] *= w.alpha[i];
+  }
+  for (int j = 0; j < n; ++j) {
+    float* s = w.St + int64_t(j) * kBlockM;
+    for (int i = 0; i < q.mc; ++i) {
+      s[i] = valid(j, i) ? exp2_fast(float(logit2(p.mask, scale, s[i]) - w.m2safe[i])) : 0.f;
+      w.l[i] += s[i];
+    }
+  }
 }
 
 // A query block's key loop: for each block of keys [j0, j0 + n) that a row of the query

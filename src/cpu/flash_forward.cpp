@@ -15,6 +15,9 @@
 //   - Block skipping. Only the key blocks in [mask.block_key_begin, block_key_end) of a
 //     query block are visited, and per-element masking runs only on tiles that
 //     mask.tile_is_full() says are partly masked.
+//   - Any finite scale. Above |scale·log2(e)| = 2^16 pre-scaled fp32 scores would overflow
+//     or lose ties, so such calls keep raw dot products in the tiles and apply the scale
+//     and the softcap to each score in fp64 (the split path, flash_common.h).
 //   - fp32 compute with vectorized inner loops: register-blocked tile products (gemm.h),
 //     and exp2 as a branch-free polynomial, since std::exp2 does not vectorize without
 //     -ffast-math. The query-side tile is transposed once per task (Qᵀ), so that the
@@ -25,6 +28,7 @@
 // lose the precision the caller asked for).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "common/registry.h"
@@ -36,6 +40,7 @@ namespace {
 void fwd_block(const FwdParams& p, const QTiles& w, const QBlock& q) {
   const int Dv = p.head_dim_v, Dvp = padded(Dv);
   const bool capped = p.mask.softcap > 0.f;
+  const bool split = split_scale(p);
 
   load_q_block(p, q, w.Qt);
   key_ranges(p, q, w.kb, w.ke);
@@ -43,35 +48,40 @@ void fwd_block(const FwdParams& p, const QTiles& w, const QBlock& q) {
   for (int64_t e = 0; e < int64_t(q.m) * Dvp; ++e) O[e] = 0.f;
   for (int i = 0; i < q.mc; ++i) {
     w.m[i] = kNegInf;
+    w.m2[i] = -std::numeric_limits<double>::infinity();
     w.l[i] = 0.f;
   }
   zero_columns(w.V, kBlockN, Dvp, Dv, Dvp);
 
   for_each_key_block(p, w, q, [&](int j0, int n, bool masked) {
-    if (capped) softcap_tile(p.mask, w.St, n, q.mc, kBlockM);
-    if (masked) mask_transposed(w.St, n, q.mc, j0, w.kb, w.ke);
+    if (split) {
+      split_softmax_step(p, w, q, j0, n);
+    } else {
+      if (capped) softcap_tile(p.mask, w.St, n, q.mc, kBlockM);
+      if (masked) mask_transposed(w.St, n, q.mc, j0, w.kb, w.ke);
 
-    // Online softmax, vectorized across the query columns.
-    for (int i = 0; i < q.mc; ++i) w.alpha[i] = w.m[i];  // alpha holds the new max for now
-    for (int j = 0; j < n; ++j) {
-      const float* s = w.St + int64_t(j) * kBlockM;
+      // Online softmax, vectorized across the query columns.
+      for (int i = 0; i < q.mc; ++i) w.alpha[i] = w.m[i];  // alpha holds the new max for now
+      for (int j = 0; j < n; ++j) {
+        const float* s = w.St + int64_t(j) * kBlockM;
 #pragma omp simd
-      for (int i = 0; i < q.mc; ++i) w.alpha[i] = std::max(w.alpha[i], s[i]);
-    }
-#pragma omp simd
-    for (int i = 0; i < q.mc; ++i) {
-      const float m_new = w.alpha[i];
-      w.msafe[i] = blend(m_new == kNegInf, 0.f, m_new);
-      w.alpha[i] = exp2_fast(w.m[i] - w.msafe[i]);
-      w.m[i] = m_new;
-      w.l[i] *= w.alpha[i];
-    }
-    for (int j = 0; j < n; ++j) {
-      float* s = w.St + int64_t(j) * kBlockM;
+        for (int i = 0; i < q.mc; ++i) w.alpha[i] = std::max(w.alpha[i], s[i]);
+      }
 #pragma omp simd
       for (int i = 0; i < q.mc; ++i) {
-        s[i] = exp2_fast(s[i] - w.msafe[i]);
-        w.l[i] += s[i];
+        const float m_new = w.alpha[i];
+        w.msafe[i] = blend(m_new == kNegInf, 0.f, m_new);
+        w.alpha[i] = exp2_fast(w.m[i] - w.msafe[i]);
+        w.m[i] = m_new;
+        w.l[i] *= w.alpha[i];
+      }
+      for (int j = 0; j < n; ++j) {
+        float* s = w.St + int64_t(j) * kBlockM;
+#pragma omp simd
+        for (int i = 0; i < q.mc; ++i) {
+          s[i] = exp2_fast(s[i] - w.msafe[i]);
+          w.l[i] += s[i];
+        }
       }
     }
     for (int i = 0; i < q.m; ++i) {
@@ -93,7 +103,7 @@ void fwd_block(const FwdParams& p, const QTiles& w, const QBlock& q) {
               O + int64_t(i) * Dvp);
     if (p.lse)
       p.lse[q.b * p.lse_batch_stride + q.h * p.lse_head_stride + q.sb.start_q + q.i0 + i] =
-          l > 0.f ? float(double(w.m[i]) * kLn2F64 + std::log(double(l))) : kNegInf;
+          l > 0.f ? float((split ? w.m2[i] : double(w.m[i])) * kLn2F64 + std::log(double(l))) : kNegInf;
   }
 }
 

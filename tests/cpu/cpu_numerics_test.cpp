@@ -60,8 +60,78 @@ TEST_P(TiedHugeLogits, ShareTheWeight) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, TiedHugeLogits, ::testing::Values("cpu_reference"),
+INSTANTIATE_TEST_SUITE_P(Cpu, TiedHugeLogits, ::testing::Values("cpu_reference", "cpu_flash"),
                          kernel_param_name);
+
+// q and k drawn from {−1, −1/2, 0, 1/2, 1}: dot products are exact, and over 32 dims many
+// keys of a row tie at its maximum.
+void fill_halves(HostTensor* t, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> pick(-2, 2);
+  for (int64_t e = 0; e < t->numel(); ++e) t->set(e, 0.5 * pick(rng));
+}
+
+struct HugeCase {
+  std::string name;
+  Problem problem;
+  bool backward;
+};
+
+std::vector<HugeCase> huge_cases() {
+  constexpr DType kF32 = DType::kF32;
+  const Problem base = dense(kF32, 2, 70, 150, 2, 1, 32);
+  return {
+      // The largest finite fp32 scales: scale·log2(e) overflows fp32 above 2.36e38.
+      {"fwd_2.4e38", Problem(base).scaled(2.4e38f), false},
+      {"fwd_2.4e38_causal", Problem(base).scaled(2.4e38f).make_causal(), false},
+      {"fwd_3.4e38_window", Problem(base).scaled(3.4e38f).window(40, 10), false},
+      {"fwd_2.4e38_softcap", Problem(base).scaled(2.4e38f).cap(5.f), false},
+      {"fwd_minus_1e30", Problem(base).scaled(-1e30f), false},
+      {"fwd_bf16_1e30_causal", Problem(base).scaled(1e30f).make_causal().with_dtype(DType::kBF16), false},
+      {"bwd_1e30", Problem(base).scaled(1e30f), true},
+      {"bwd_1e30_causal_gqa", dense(kF32, 1, 100, 100, 4, 2, 32).scaled(1e30f).make_causal(), true},
+      {"bwd_minus_1e30_window", Problem(base).scaled(-1e30f).window(20, 20), true},
+      {"bwd_1e30_softcap", Problem(base).scaled(1e30f).cap(3.f), true},
+      {"bwd_1e6", Problem(base).scaled(1e6f).make_causal(), true},
+  };
+}
+
+// Each |got − want| ≤ rel · max |want| over the tensor, or with `per_element` ≤ rel · |want|
+// + 1e-5 (LSE, whose rows differ by orders of magnitude). An infinite want needs the same
+// infinity.
+void expect_close(const char* what, const std::vector<double>& got, const std::vector<double>& want,
+                  double rel, bool per_element = false) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0;
+  for (double w : want)
+    if (std::isfinite(w)) scale = std::max(scale, std::fabs(w));
+  for (size_t e = 0; e < got.size(); ++e) {
+    if (std::isinf(want[e]) && got[e] == want[e]) continue;
+    const double allowed = per_element ? rel * std::fabs(want[e]) + 1e-5 : rel * scale;
+    ASSERT_TRUE(std::isfinite(got[e]) && std::fabs(got[e] - want[e]) <= allowed)
+        << what << "[" << e << "] = " << got[e] << ", want " << want[e] << " (allowed " << allowed << ")";
+  }
+}
+
+TEST(CpuFlashNumerics, HugeScalesMatchTheOracle) {
+  FLASHLAB_SEED_TRACE();
+  for (const HugeCase& c : huge_cases()) {
+    SCOPED_TRACE("case " + c.name + ": " + c.problem.describe());
+    std::mt19937_64 rng = rng_for("HugeScale." + c.name);
+    Inputs in = make_inputs(c.problem, rng);
+    fill_halves(&in.q, rng);
+    fill_halves(&in.k, rng);
+    const Results want = run_reference_fp64(c.problem, in, c.backward);
+    const Results got = run_kernel("cpu_flash", c.problem, in, c.backward);
+    ASSERT_FALSE(want.out.empty() || got.out.empty());
+    const double rel = c.problem.dtype == DType::kF32 ? 1e-5 : 1e-2;
+    expect_close("out", got.out, want.out, rel);
+    expect_close("lse", got.lse, want.lse, 1e-6, true);
+    if (!c.backward) continue;
+    expect_close("dq", got.dq, want.dq, rel);
+    expect_close("dk", got.dk, want.dk, rel);
+    expect_close("dv", got.dv, want.dv, rel);
+  }
+}
 
 }  // namespace
 }  // namespace flashlab::test

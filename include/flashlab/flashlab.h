@@ -4,10 +4,16 @@
 // FlashAttention's layout [batch, seqlen, heads, head_dim] (or packed varlen
 // [total_tokens, heads, head_dim] with cu_seqlens). Every entry point:
 //   - never throws (all functions are noexcept; failures come back as a Status),
-//   - never allocates memory: scratch space is the caller's `workspace`, sized by
-//     workspace_size() for the same arguments,
+//   - takes no memory of its own for the computation: scratch space is the caller's
+//     `workspace`, sized by workspace_size() for the same arguments. A successful call on
+//     CPU tensors allocates nothing once one call has run (the first starts OpenMP's thread
+//     pool); an error allocates its Status message, and "auto" on device tensors may
+//     allocate the reason of a kernel that refuses the call,
 //   - validates everything first; a bad argument gets a Status whose message names the
-//     argument and the rule it broke, and nothing is read or written.
+//     argument and the rule it broke, and nothing is read or written. The rules include
+//     sizes that could overflow a kernel's arithmetic (element counts and extents beyond
+//     int64, batch·heads_q beyond int32) and outputs that overlap an input, another output
+//     or themselves.
 //
 // The header has no CUDA dependency: streams are passed as `void*` (a cudaStream_t).
 #pragma once
@@ -73,6 +79,7 @@ struct Tensor {
   std::array<int64_t, kMaxRank> stride{};
 
   bool present() const noexcept { return rank != 0; }
+  // The product of the shape (0 when absent or empty), INT64_MAX when it does not fit.
   int64_t numel() const noexcept;
 
   // A row-major (contiguous) view of `shape`.
@@ -90,13 +97,24 @@ struct Tensor {
 // ---------------------------------------------------------------------------------------
 inline constexpr std::string_view kAutoKernel = "auto";
 
+// The most CPU threads a call may ask for. OpenMP aborts the process when it cannot create
+// a thread, so an unbounded count would end in a crash instead of a Status; the bound is
+// fixed (not a multiple of this machine's threads) so that a call valid on one machine is
+// valid on all. Under a tight process limit, pass fewer.
+inline constexpr int kMaxThreads = 1024;
+
 struct CommonArgs {
   // Varlen: both present or both absent. int32 [batch + 1], on the device of q, starting
-  // at 0 and non-decreasing. With them q/k/v/out are [total_tokens, heads, head_dim].
+  // at 0 and non-decreasing, the last entry at most the packed rows. With them q/k/v/out
+  // are [total_tokens, heads, head_dim]. Host cu_seqlens are checked on every call; device
+  // ones only with check_inputs, and without it kernels clamp them (offsets to the packed
+  // rows, lengths to max_seqlen), so a bad array gives wrong rows, never a stray access.
   Tensor maybe_cu_seqlens_q;
   Tensor maybe_cu_seqlens_k;
-  int max_seqlen_q = 0;  // varlen only: the longest sequence in cu_seqlens_q
-  int max_seqlen_k = 0;  // varlen only: the longest sequence in cu_seqlens_k
+  // Varlen only: at least the longest sequence in cu_seqlens_q/k. An over-estimate is
+  // accepted, as FlashAttention accepts one; kernels see it bounded by total_q/total_k.
+  int max_seqlen_q = 0;
+  int max_seqlen_k = 0;
 
   std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
   bool causal = false;                 // bottom-right aligned, as FlashAttention >= 2.1
@@ -114,11 +132,20 @@ struct CommonArgs {
   void* stream = nullptr;                 // cudaStream_t for CUDA tensors
   void* workspace = nullptr;              // caller's scratch, on the tensors' device
   size_t workspace_bytes = 0;
-  int num_threads = 0;                    // CPU kernels; 0 = all hardware threads
+  int num_threads = 0;                    // CPU kernels: 0 = all hardware threads, at most kMaxThreads
   // Kernels whose workspace grows as seqlen_q·seqlen_k (cpu_reference, the naive GPU rung)
   // refuse calls that would need more than this; raise it to run them anyway.
   size_t quadratic_workspace_limit = size_t(4) << 30;
+  // Copy device cu_seqlens to the host (on `stream`, which is synchronized) and check them
+  // as host ones are checked. Costs a device round trip per call; off by default.
+  bool check_inputs = false;
 };
+
+// Memory: outputs (out and maybe_lse; dq, dk and dv) must not share a byte with any input
+// (q, k, v, cu_seqlens; in the backward also out, dout and lse) or with each other, and no
+// two elements of an output may share memory. Inputs may alias each other (q = k), and
+// views that interleave in one buffer without sharing a byte are accepted: the q, k, v of
+// a packed qkv [batch, seqlen, 3, heads, head_dim], and the dq, dk, dv of a packed dqkv.
 
 struct ForwardArgs : CommonArgs {
   Tensor q;          // [batch, seqlen_q, heads_q,  head_dim]

@@ -1,5 +1,5 @@
-// Params: what kernels see. Validation (src/api.cpp) turns the caller's Args into these
-// plain-data structs once: resolved scale, normalized mask, strides grouped by tensor.
+// Params: what kernels see. Validation (src/api/validate.cpp) turns the caller's Args into
+// these plain-data structs once: resolved scale, normalized mask, strides grouped by tensor.
 // Kernels never re-validate and never read Args.
 //
 // Addressing is the same for padded and varlen problems:
@@ -23,7 +23,10 @@ struct AttnParams {
   Device device = Device::kCPU;
   int device_index = 0;
 
-  // Problem size. For varlen, seqlen_q/k are the caller's max_seqlen_q/k.
+  // Problem size. For varlen, seqlen_q/k are the caller's max_seqlen_q/k bounded by
+  // total_q/k. Validation guarantees batch·heads_q < 2^31, every view's extent < 2^63 bytes
+  // and 16·(head_dim + head_dim_v + 2)·(batch·heads_q·(seqlen_q + 1)·(seqlen_k + 1) +
+  // heads_q·(total_q + total_k)) < 2^63, so workspace formulas within that bound cannot wrap.
   int batch = 0;
   int seqlen_q = 0;
   int seqlen_k = 0;
@@ -59,7 +62,7 @@ struct AttnParams {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   void* stream = nullptr;
-  int num_threads = 1;  // resolved (>= 1)
+  int num_threads = 1;  // resolved: 1 to kMaxThreads
   size_t quadratic_workspace_limit = 0;
 };
 

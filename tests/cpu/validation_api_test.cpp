@@ -247,5 +247,76 @@ TEST_F(ValidationTest, SeqlenKZeroWritesZeroAndMinusInfinity) {
   for (double x : lse.to_f64()) EXPECT_EQ(x, -std::numeric_limits<double>::infinity());
 }
 
+// No query rows but keys: the backward still owes dk = dv = 0 (every key's gradient is an
+// empty sum), so the API runs the kernel; dq is empty.
+TEST_F(ValidationTest, SeqlenQZeroBackwardZeroesKeyGradients) {
+  HostTensor q0(DType::kF32, {B, 0, Hq, D}), o0(DType::kF32, {B, 0, Hq, D}), l0(DType::kF32, {B, Hq, 0});
+  for (std::string_view kernel : {"cpu_reference", "cpu_flash"}) {
+    SCOPED_TRACE(std::string(kernel));
+    BackwardArgs b = bwd();
+    b.kernel = kernel;
+    b.q = b.dq = q0.view();
+    b.out = b.dout = o0.view();
+    b.lse = l0.view();
+    b.dq.data = nullptr;
+    poison_outputs();
+    ASSERT_OK(backward(b));
+    EXPECT_TRUE(dk.written_exactly("dk"));
+    EXPECT_TRUE(dv.written_exactly("dv"));
+    for (double x : dk.to_f64()) EXPECT_EQ(x, 0.0);
+    for (double x : dv.to_f64()) EXPECT_EQ(x, 0.0);
+  }
+}
+
+// A window bound means exactly that bound (docs/DESIGN.md, src/common/mask.h), also when it
+// is wider than the keys: seqlen_q 4, seqlen_k 2, window (-1, 2). Row i sits on the diagonal
+// key i - 2 and sees keys j <= i: row 0 sees key 0 only, rows 1..3 see both keys.
+TEST(MaskSemanticsTest, RightBoundWiderThanTheKeysIsExact) {
+  constexpr int Sq = 4, Sk = 2, D = 4;
+  std::mt19937_64 rng = rng_for("exact window");
+  HostTensor q(DType::kF32, {1, Sq, 1, D}), k(DType::kF32, {1, Sk, 1, D}), v(DType::kF32, {1, Sk, 1, D}),
+      out(DType::kF32, {1, Sq, 1, D});
+  for (HostTensor* t : {&q, &k, &v}) t->fill_random(rng);
+  // The answer by hand, in double.
+  const double scale = 1.0 / std::sqrt(double(D));
+  std::vector<double> want(Sq * D);
+  for (int i = 0; i < Sq; ++i) {
+    const int keys = i == 0 ? 1 : 2;
+    double s[2], m = -INFINITY, l = 0;
+    for (int j = 0; j < keys; ++j) {
+      s[j] = 0;
+      for (int d = 0; d < D; ++d) s[j] += q.get(i * D + d) * k.get(j * D + d) * scale;
+      m = std::max(m, s[j]);
+    }
+    for (int j = 0; j < keys; ++j) l += std::exp(s[j] - m);
+    for (int d = 0; d < D; ++d) {
+      want[i * D + d] = 0;
+      for (int j = 0; j < keys; ++j) want[i * D + d] += std::exp(s[j] - m) / l * v.get(j * D + d);
+    }
+  }
+  std::vector<double> workspace(size_t(1) << 16);
+  for (std::string_view kernel : {"cpu_reference", "cpu_flash"}) {
+    SCOPED_TRACE(std::string(kernel));
+    ForwardArgs a;
+    a.kernel = kernel;
+    a.q = q.view();
+    a.k = k.view();
+    a.v = v.view();
+    a.out = out.view();
+    a.window_left = -1;
+    a.window_right = 2;
+    a.workspace = workspace.data();
+    a.workspace_bytes = workspace.size() * sizeof(double);
+    size_t need = 0;
+    ASSERT_OK(workspace_size(a, &need));
+    ASSERT_LE(need, a.workspace_bytes);
+    out.poison();
+    ASSERT_OK(forward(a));
+    for (int d = 0; d < D; ++d) EXPECT_EQ(out.get(d), v.get(d)) << "row 0 = v[0], d = " << d;
+    const MaxError e = max_abs_err(out.to_f64(), want);
+    EXPECT_LE(e.value, 1e-6) << describe(e);
+  }
+}
+
 }  // namespace
 }  // namespace flashlab::test

@@ -31,6 +31,19 @@ inline Tensor on_cuda(Tensor t, uintptr_t address) {
   return t;
 }
 
+// The call with every tensor on the device at distinct, 256-byte aligned fake addresses
+// (what cudaMalloc returns): valid as far as alignment goes.
+inline ForwardArgs to_cuda(ForwardArgs a) {
+  a.q = on_cuda(a.q, 0x100000);
+  a.k = on_cuda(a.k, 0x200000);
+  a.v = on_cuda(a.v, 0x300000);
+  a.out = on_cuda(a.out, 0x400000);
+  a.maybe_lse = on_cuda(a.maybe_lse, 0x500000);
+  a.workspace = nullptr;
+  a.workspace_bytes = 0;
+  return a;
+}
+
 class ValidationTest : public ::testing::Test {
  protected:
   // fp32, batch 2, seqlen_q 3, seqlen_k 4, heads 4 / 2 (GQA), head_dim 8.
@@ -68,6 +81,18 @@ class ValidationTest : public ::testing::Test {
     a.v = v.view();
     a.out = out.view();
     a.maybe_lse = lse.view();
+    return a;
+  }
+
+  // The baseline with other q, k, v, out views and no LSE.
+  ForwardArgs fwd_with(const HostTensor& q_, const HostTensor& k_, const HostTensor& v_,
+                       const HostTensor& out_) {
+    ForwardArgs a = fwd();
+    a.q = q_.view();
+    a.k = k_.view();
+    a.v = v_.view();
+    a.out = out_.view();
+    a.maybe_lse = Tensor{};
     return a;
   }
 
@@ -125,19 +150,7 @@ class ValidationTest : public ::testing::Test {
     EXPECT_EQ(sk.message(), s.message());
   }
 
-  // The same call with every tensor on the device at distinct, 256-byte aligned fake
-  // addresses (what cudaMalloc returns): valid as far as alignment goes.
-  ForwardArgs fwd_on_cuda() {
-    ForwardArgs a = fwd();
-    a.q = on_cuda(a.q, 0x100000);
-    a.k = on_cuda(a.k, 0x200000);
-    a.v = on_cuda(a.v, 0x300000);
-    a.out = on_cuda(a.out, 0x400000);
-    a.maybe_lse = on_cuda(a.maybe_lse, 0x500000);
-    a.workspace = nullptr;
-    a.workspace_bytes = 0;
-    return a;
-  }
+  ForwardArgs fwd_on_cuda() { return to_cuda(fwd()); }
   BackwardArgs bwd_on_cuda() {
     BackwardArgs a = bwd();
     uintptr_t addr = 0x100000;

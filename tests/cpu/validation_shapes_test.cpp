@@ -250,12 +250,7 @@ TEST_F(ValidationTest, UnsupportedHeadDim) {
     SCOPED_TRACE("head_dim " + std::to_string(d));
     HostTensor q1(DType::kF32, {1, 1, 1, d}), k1(DType::kF32, {1, 1, 1, d}),
         v1(DType::kF32, {1, 1, 1, 8}), o1(DType::kF32, {1, 1, 1, 8});
-    ForwardArgs a = fwd();
-    a.q = q1.view();
-    a.k = k1.view();
-    a.v = v1.view();
-    a.out = o1.view();
-    a.maybe_lse = Tensor{};
+    ForwardArgs a = fwd_with(q1, k1, v1, o1);
     expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"head_dim must be in [1, 1024]"});
     HostTensor q8(DType::kF32, {1, 1, 1, 8}), k8(DType::kF32, {1, 1, 1, 8}),
         vd(DType::kF32, {1, 1, 1, d}), od(DType::kF32, {1, 1, 1, d});

@@ -2,6 +2,10 @@
 // max_seqlen, with zero-length sequences as valid edge cases.
 #include "cpu/validation_fixture.h"
 
+#if FLASHLAB_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace flashlab::test {
 namespace {
 
@@ -122,6 +126,57 @@ TEST_F(VarlenValidationTest, AllSequencesEmptyIsValid) {
   EXPECT_TRUE(e_o.untouched("out"));
   EXPECT_TRUE(e_l.untouched("lse"));
 }
+
+// ---- cu_seqlens on the device ------------------------------------------------------------------
+
+// The varlen call with every tensor on the device at fake addresses, except the cu_seqlens
+// views the caller passes.
+ForwardArgs on_device(const ForwardArgs& varlen, Tensor cu_q, Tensor cu_k) {
+  ForwardArgs a = to_cuda(varlen);
+  a.maybe_cu_seqlens_q = cu_q;
+  a.maybe_cu_seqlens_k = cu_k;
+  return a;
+}
+
+// Without check_inputs, device cu_seqlens are not read (kernels clamp them); validation
+// passes and cpu_reference, named, refuses the device tensors.
+TEST_F(VarlenValidationTest, DeviceCuSeqlensAreNotReadByDefault) {
+  const ForwardArgs a = on_device(vfwd(), on_cuda(cu_q.view(), 0x600000), on_cuda(cu_k.view(), 0x700000));
+  std::string name;
+  EXPECT_TRUE(status_is(select_kernel(a, &name), StatusCode::kUnsupported, {"CPU tensors only"}));
+}
+
+#if !FLASHLAB_WITH_CUDA
+TEST_F(VarlenValidationTest, CheckInputsNeedsTheCudaRuntime) {
+  ForwardArgs a = on_device(vfwd(), on_cuda(cu_q.view(), 0x600000), on_cuda(cu_k.view(), 0x700000));
+  a.check_inputs = true;
+  std::string name;
+  EXPECT_TRUE(status_is(select_kernel(a, &name), StatusCode::kUnsupported,
+                        {"check_inputs", "maybe_cu_seqlens_q", "no CUDA runtime"}));
+}
+#else
+// With check_inputs, validation copies device cu_seqlens to the host and checks them as it
+// checks host ones.
+TEST_F(VarlenValidationTest, DeviceCuSeqlensAreCheckedOnRequest) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  int32_t* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 8 * sizeof(int32_t)), cudaSuccess);
+  const int32_t host[8] = {0, 2, 2, 5, /* k, not non-decreasing: */ 0, 3, 1, 5};
+  ASSERT_EQ(cudaMemcpy(d, host, sizeof(host), cudaMemcpyHostToDevice), cudaSuccess);
+  const Tensor good = on_cuda(cu_q.view(), reinterpret_cast<uintptr_t>(d));
+  const Tensor bad = on_cuda(cu_k.view(), reinterpret_cast<uintptr_t>(d + 4));
+  ForwardArgs a = on_device(vfwd(), good, bad);
+  std::string name;
+  EXPECT_TRUE(status_is(select_kernel(a, &name), StatusCode::kUnsupported, {"CPU tensors only"}));
+  a.check_inputs = true;
+  EXPECT_TRUE(status_is(select_kernel(a, &name), StatusCode::kInvalidArgument,
+                        {"maybe_cu_seqlens_k must be non-decreasing: [2] = 1 < [1] = 3"}));
+  a.maybe_cu_seqlens_k = good;
+  a.max_seqlen_k = 3;
+  EXPECT_TRUE(status_is(select_kernel(a, &name), StatusCode::kUnsupported, {"CPU tensors only"}));
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+}
+#endif
 
 }  // namespace
 }  // namespace flashlab::test

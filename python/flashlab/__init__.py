@@ -8,14 +8,12 @@ Every bad input raises ValueError or TypeError carrying the C++ Status message.
 
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _flashlab
+from ._options import Array, int32, kernel_for, options, window
 
-# Any array with __dlpack__: torch.Tensor (autograd, torch.compile) or numpy.ndarray.
-Array = Any
 Output = Union[Array, Tuple[Array, Array, None]]
 
 __all__ = [
@@ -36,19 +34,6 @@ def kernels() -> list[dict[str, Any]]:
 def cuda_available() -> bool:
     """True when this build has CUDA kernels and a CUDA device is visible."""
     return bool(_flashlab.cuda_available())
-
-
-@functools.lru_cache(maxsize=None)
-def _passes() -> dict[str, Tuple[bool, bool]]:
-    return {k["name"]: (k["forward"], k["backward"]) for k in _flashlab.kernels()}
-
-
-def _kernel_for(kernel: str, backward: bool) -> str:
-    """`kernel` for a pass it has, "auto" for the pass it lacks: naming a forward-only rung
-    still trains, naming a backward-only one still runs its forward. An unknown name stays,
-    to fail with the list of known kernels."""
-    has = _passes().get(kernel)
-    return "auto" if has is not None and not has[backward] else kernel
 
 
 def _is_torch(x: Any) -> bool:
@@ -84,44 +69,6 @@ def _check_unsupported(dropout_p: float, alibi_slopes: Any) -> None:
         raise ValueError("alibi_slopes: ALiBi is not supported by this build")
 
 
-def _window(window_size: Sequence[int]) -> Tuple[int, int]:
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        raise ValueError(f"window_size must be (left, right), got {window_size!r}")
-    return int(window_size[0]), int(window_size[1])
-
-
-def _options(
-    *,
-    softmax_scale: Optional[float],
-    causal: bool,
-    window_size: Sequence[int],
-    softcap: float,
-    kernel: str,
-    cu_seqlens_q: Optional[Array] = None,
-    cu_seqlens_k: Optional[Array] = None,
-    max_seqlen_q: int = 0,
-    max_seqlen_k: int = 0,
-    dropout_p: float = 0.0,
-    dropout_seed: int = 0,
-    dropout_offset: int = 0,
-) -> "_flashlab.Options":
-    """The native Options of one call (the torch ops add the stream and the workspace)."""
-    o = _flashlab.Options()
-    o.dropout_p = float(dropout_p)
-    o.dropout_seed = int(dropout_seed)
-    o.dropout_offset = int(dropout_offset)
-    o.softmax_scale = None if softmax_scale is None else float(softmax_scale)
-    o.causal = bool(causal)
-    o.window_left, o.window_right = _window(window_size)
-    o.softcap = float(softcap)
-    o.kernel = str(kernel)
-    o.cu_seqlens_q = cu_seqlens_q
-    o.cu_seqlens_k = cu_seqlens_k
-    o.max_seqlen_q = int(max_seqlen_q)
-    o.max_seqlen_k = int(max_seqlen_k)
-    return o
-
-
 # ---- NumPy: forward and explicit backward ------------------------------------------------
 # (Another DLPack array takes this path too and gets NumPy outputs, on the host.)
 
@@ -139,6 +86,15 @@ def _numpy_forward(q: Array, k: Array, v: Array, opts: "_flashlab.Options") -> T
     opts.workspace = np.empty(_flashlab.forward(q, k, v, out, lse, opts, True), dtype=np.uint8)
     _flashlab.forward(q, k, v, out, lse, opts)
     return out, lse
+
+
+def _numpy_seed(dropout_p: float, dropout_seed: Optional[int]) -> int:
+    if float(dropout_p) == 0.0:
+        return 0
+    if dropout_seed is None:
+        raise ValueError("dropout_seed: NumPy arrays need an explicit seed with dropout_p > 0, "
+                         "so that attention_backward can regenerate the mask")
+    return int(dropout_seed)
 
 
 def attention_backward(
@@ -161,6 +117,7 @@ def attention_backward(
     dropout_p: float = 0.0,
     dropout_seed: Optional[int] = None,
     kernel: str = "auto",
+    check_inputs: bool = False,
 ) -> Tuple[Array, Array, Array]:
     """Gradients (dq, dk, dv) for NumPy arrays; PyTorch users get them from autograd.
 
@@ -174,11 +131,11 @@ def attention_backward(
                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k):
         raise TypeError("attention_backward takes NumPy arrays; torch tensors get their "
                         "gradients from autograd")
-    opts = _options(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                    softcap=softcap, kernel=_kernel_for(kernel, True),
-                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                    max_seqlen_k=max_seqlen_k, dropout_p=dropout_p,
-                    dropout_seed=_numpy_seed(dropout_p, dropout_seed))
+    opts = options(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                   softcap=softcap, kernel=kernel_for(kernel, True), cu_seqlens_q=cu_seqlens_q,
+                   cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                   dropout_p=dropout_p, dropout_seed=_numpy_seed(dropout_p, dropout_seed),
+                   check_inputs=check_inputs)
     dq, dk, dv = (np.empty(x.shape, dtype=x.dtype) for x in (q, k, v))
     args = (q, k, v, out, dout, softmax_lse, dq, dk, dv, bool(deterministic), opts)
     opts.workspace = np.empty(_flashlab.backward(*args, True), dtype=np.uint8)
@@ -207,48 +164,40 @@ if "torch" in sys.modules:
     _torch()
 
 
-def _numpy_seed(dropout_p: float, dropout_seed: Optional[int]) -> int:
-    if float(dropout_p) == 0.0:
-        return 0
-    if dropout_seed is None:
-        raise ValueError("dropout_seed: NumPy arrays need an explicit seed with dropout_p > 0, "
-                         "so that attention_backward can regenerate the mask")
-    return int(dropout_seed)
+# ---- the FlashAttention-2 functions ------------------------------------------------------
 
 
 def _attention(q: Array, k: Array, v: Array, cu_q: Optional[Array], cu_k: Optional[Array],
                max_q: int, max_k: int, dropout_p: float, softmax_scale: Optional[float],
-               causal: bool, window_size: Sequence[int], softcap: float, deterministic: bool,
-               dropout_seed: Optional[int], kernel: str) -> Tuple[Array, Array]:
-    """(out, lse) through the torch custom op (autograd) or, for other arrays, directly."""
-    window = _window(window_size)
+               causal: bool, window_size: Sequence[int], softcap: float, alibi_slopes: Any,
+               deterministic: bool, return_attn_probs: bool, dropout_seed: Optional[int],
+               kernel: str, check_inputs: bool) -> Output:
+    """The three public functions' one body: out, or (out, softmax_lse, None), through the
+    torch custom op (autograd) or, for other arrays, directly."""
+    _check_unsupported(dropout_p, alibi_slopes)
+    win = window(window_size)
+    max_q, max_k = int32("max_seqlen_q", max_q), int32("max_seqlen_k", max_k)
     if _check_arrays(_VARLEN, q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k):
-        return _torch().attention(q, k, v, cu_q, cu_k, int(max_q), int(max_k), float(dropout_p),
-                                  softmax_scale, bool(causal), window, float(softcap),
-                                  bool(deterministic), dropout_seed, str(kernel))
-    opts = _options(softmax_scale=softmax_scale, causal=causal, window_size=window,
-                    softcap=softcap, kernel=_kernel_for(kernel, False), cu_seqlens_q=cu_q,
-                    cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
-                    dropout_p=dropout_p, dropout_seed=_numpy_seed(dropout_p, dropout_seed))
-    return _numpy_forward(q, k, v, opts)
+        out, lse = _torch().attention(q, k, v, cu_q, cu_k, max_q, max_k, float(dropout_p),
+                                      softmax_scale, bool(causal), win, float(softcap),
+                                      bool(deterministic), dropout_seed, str(kernel),
+                                      bool(check_inputs))
+    else:
+        opts = options(softmax_scale=softmax_scale, causal=causal, window_size=win,
+                       softcap=softcap, kernel=kernel_for(kernel, False), cu_seqlens_q=cu_q,
+                       cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                       dropout_p=dropout_p, dropout_seed=_numpy_seed(dropout_p, dropout_seed),
+                       check_inputs=check_inputs)
+        out, lse = _numpy_forward(q, k, v, opts)
+    return (out, lse, None) if return_attn_probs else out
 
 
-def flash_attn_func(
-    q: Array,
-    k: Array,
-    v: Array,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-    window_size: Sequence[int] = (-1, -1),
-    softcap: float = 0.0,
-    alibi_slopes: Optional[Array] = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-    *,
-    dropout_seed: Optional[int] = None,
-    kernel: str = "auto",
-) -> Output:
+def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0,
+                    softmax_scale: Optional[float] = None, causal: bool = False,
+                    window_size: Sequence[int] = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: Optional[Array] = None, deterministic: bool = False,
+                    return_attn_probs: bool = False, *, dropout_seed: Optional[int] = None,
+                    kernel: str = "auto") -> Output:
     """FlashAttention-2's flash_attn_func: q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D] (v may
     have its own head dim Dv), any strides with a contiguous last dim.
 
@@ -262,26 +211,17 @@ def flash_attn_func(
     (torch.manual_seed repeats it) unless `dropout_seed` is given, and the backward
     regenerates the same mask. NumPy arrays need `dropout_seed`.
     """
-    _check_unsupported(dropout_p, alibi_slopes)
-    out, lse = _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal,
-                          window_size, softcap, deterministic, dropout_seed, kernel)
-    return (out, lse, None) if return_attn_probs else out
+    return _attention(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size,
+                      softcap, alibi_slopes, deterministic, return_attn_probs, dropout_seed,
+                      kernel, False)
 
 
-def flash_attn_qkvpacked_func(
-    qkv: Array,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-    window_size: Sequence[int] = (-1, -1),
-    softcap: float = 0.0,
-    alibi_slopes: Optional[Array] = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-    *,
-    dropout_seed: Optional[int] = None,
-    kernel: str = "auto",
-) -> Output:
+def flash_attn_qkvpacked_func(qkv: Array, dropout_p: float = 0.0,
+                              softmax_scale: Optional[float] = None, causal: bool = False,
+                              window_size: Sequence[int] = (-1, -1), softcap: float = 0.0,
+                              alibi_slopes: Optional[Array] = None, deterministic: bool = False,
+                              return_attn_probs: bool = False, *,
+                              dropout_seed: Optional[int] = None, kernel: str = "auto") -> Output:
     """qkv [B, S, 3, H, D]: q, k, v are strided views of the packed array (no copy)."""
     shape = getattr(qkv, "shape", None)
     if shape is None:
@@ -290,44 +230,32 @@ def flash_attn_qkvpacked_func(
     if len(shape) != 5 or shape[2] != 3:
         raise ValueError("qkv must have shape [batch, seqlen, 3, heads, head_dim], "
                          f"got {tuple(shape)}")
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, deterministic, return_attn_probs,
-                           dropout_seed=dropout_seed, kernel=kernel)
+    return _attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], None, None, 0, 0, dropout_p,
+                      softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs, dropout_seed, kernel, False)
 
 
-def flash_attn_varlen_func(
-    q: Array,
-    k: Array,
-    v: Array,
-    cu_seqlens_q: Array,
-    cu_seqlens_k: Array,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    dropout_p: float = 0.0,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-    window_size: Sequence[int] = (-1, -1),
-    softcap: float = 0.0,
-    alibi_slopes: Optional[Array] = None,
-    deterministic: bool = False,
-    return_attn_probs: bool = False,
-    block_table: Optional[Array] = None,
-    *,
-    dropout_seed: Optional[int] = None,
-    kernel: str = "auto",
-) -> Output:
+def flash_attn_varlen_func(q: Array, k: Array, v: Array, cu_seqlens_q: Array,
+                           cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int,
+                           dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                           causal: bool = False, window_size: Sequence[int] = (-1, -1),
+                           softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
+                           deterministic: bool = False, return_attn_probs: bool = False,
+                           block_table: Optional[Array] = None, *,
+                           dropout_seed: Optional[int] = None, kernel: str = "auto",
+                           check_inputs: bool = False) -> Output:
     """Packed sequences: q [total_q, Hq, D], k/v [total_k, Hkv, D], cu_seqlens int32 [B + 1]
     on the device of q (sequence b is rows cu_seqlens[b] .. cu_seqlens[b + 1]).
 
-    softmax_lse (with return_attn_probs) is fp32 [Hq, total_q].
+    softmax_lse (with return_attn_probs) is fp32 [Hq, total_q]. max_seqlen_q/k may
+    over-estimate the longest sequence. cu_seqlens on the host are always checked; on a
+    CUDA device only with `check_inputs=True` (a copy to the host and a sync on the current
+    stream per call), else kernels clamp them to the packed tensors.
     """
-    _check_unsupported(dropout_p, alibi_slopes)
     if block_table is not None:
         raise ValueError("block_table: paged KV is not supported by this build")
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("cu_seqlens_q and cu_seqlens_k are required (int32 [batch + 1])")
-    out, lse = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          dropout_p, softmax_scale, causal, window_size, softcap, deterministic,
-                          dropout_seed, kernel)
-    return (out, lse, None) if return_attn_probs else out
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                      deterministic, return_attn_probs, dropout_seed, kernel, check_inputs)

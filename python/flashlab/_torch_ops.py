@@ -1,6 +1,7 @@
 """PyTorch integration: `flashlab::fwd` / `flashlab::bwd` custom ops with fake (meta)
 implementations, so torch.compile(fullgraph=True) traces through them, and autograd
-wired with torch.library.register_autograd. Imported lazily by flashlab on first use.
+wired with torch.library.register_autograd. Imported lazily by flashlab on first use; it
+imports only the native module and flashlab._options, never the package itself.
 
 Tensors cross as DLPack capsules from torch.utils.dlpack.to_dlpack, not through
 `tensor.__dlpack__()`: called with no stream, as the binding would, that method makes the
@@ -16,7 +17,8 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch.utils.dlpack import to_dlpack
 
-from . import _flashlab, _kernel_for, _options
+from . import _flashlab
+from ._options import kernel_for, options
 
 
 def _stream(t: torch.Tensor) -> int:
@@ -30,13 +32,14 @@ def _dl(*tensors: Optional[torch.Tensor]) -> List[Any]:
 
 def _opts(max_q: int, max_k: int, dropout_p: float, rng: Optional[torch.Tensor],
           scale: Optional[float], causal: bool, wl: int, wr: int, softcap: float, kernel: str,
-          backward: bool, like: torch.Tensor) -> "_flashlab.Options":
+          check_inputs: bool, backward: bool, like: torch.Tensor) -> "_flashlab.Options":
     """The call's Options, on the current stream of `like`'s device. The cu_seqlens capsules
     are set per native call (see _dl). `rng` holds dropout's (seed, offset)."""
     seed, offset = rng.tolist() if rng is not None and dropout_p > 0.0 else (0, 0)
-    o = _options(softmax_scale=scale, causal=causal, window_size=(wl, wr), softcap=softcap,
-                 kernel=_kernel_for(kernel, backward), max_seqlen_q=max_q, max_seqlen_k=max_k,
-                 dropout_p=dropout_p, dropout_seed=seed, dropout_offset=offset)
+    o = options(softmax_scale=scale, causal=causal, window_size=(wl, wr), softcap=softcap,
+                kernel=kernel_for(kernel, backward), max_seqlen_q=max_q, max_seqlen_k=max_k,
+                dropout_p=dropout_p, dropout_seed=seed, dropout_offset=offset,
+                check_inputs=check_inputs)
     o.stream = _stream(like)
     return o
 
@@ -54,12 +57,12 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optiona
         cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
         dropout_p: float, rng: Optional[torch.Tensor], softmax_scale: Optional[float],
         causal: bool, window_left: int, window_right: int, softcap: float, deterministic: bool,
-        kernel: str) -> Tuple[torch.Tensor, torch.Tensor]:
+        kernel: str, check_inputs: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     # `deterministic` only matters to the backward; the op carries it for autograd.
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
     lse = torch.empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32, device=q.device)
     o = _opts(max_seqlen_q, max_seqlen_k, dropout_p, rng, softmax_scale, causal, window_left,
-              window_right, softcap, kernel, False, q)
+              window_right, softcap, kernel, check_inputs, False, q)
     tensors = (q, k, v, out, lse)
 
     def call(size_only: bool) -> int:
@@ -74,7 +77,8 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optiona
 
 @fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, rng,
-      softmax_scale, causal, window_left, window_right, softcap, deterministic, kernel):
+      softmax_scale, causal, window_left, window_right, softcap, deterministic, kernel,
+      check_inputs):
     out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
     lse = q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
     return out, lse
@@ -86,10 +90,10 @@ def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
         cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
         dropout_p: float, rng: Optional[torch.Tensor], softmax_scale: Optional[float],
         causal: bool, window_left: int, window_right: int, softcap: float, deterministic: bool,
-        kernel: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        kernel: str, check_inputs: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     o = _opts(max_seqlen_q, max_seqlen_k, dropout_p, rng, softmax_scale, causal, window_left,
-              window_right, softcap, kernel, True, q)
+              window_right, softcap, kernel, check_inputs, True, q)
     # autograd may hand over a broadcast (stride-0) or otherwise strided gradient.
     tensors = (q, k, v, out, dout.contiguous(), lse, dq, dk, dv)
 
@@ -111,21 +115,21 @@ def _(dout, q, k, v, out, lse, *rest):
 def _setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[torch.Tensor, torch.Tensor]
                    ) -> None:
     (q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, rng, scale, causal, wl, wr, softcap, det,
-     kernel) = inputs
+     kernel, check) = inputs
     out, lse = output
     # The backward has no dLSE term: a loss through softmax_lse would get wrong gradients,
     # so lse is a constant to autograd.
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, rng)
-    ctx.args = (max_q, max_k, dropout_p, scale, causal, wl, wr, softcap, det, kernel)
+    ctx.args = (max_q, max_k, dropout_p, scale, causal, wl, wr, softcap, det, kernel, check)
 
 
 def _backward(ctx: Any, dout: torch.Tensor, dlse: Optional[torch.Tensor]) -> Tuple[Any, ...]:
     q, k, v, out, lse, cu_q, cu_k, rng = ctx.saved_tensors
-    max_q, max_k, dropout_p, scale, causal, wl, wr, softcap, det, kernel = ctx.args
+    max_q, max_k, dropout_p, scale, causal, wl, wr, softcap, det, kernel, check = ctx.args
     dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p, rng, scale,
-                     causal, wl, wr, softcap, det, kernel)
-    return (dq, dk, dv) + (None,) * 13
+                     causal, wl, wr, softcap, det, kernel, check)
+    return (dq, dk, dv) + (None,) * 14
 
 
 torch.library.register_autograd("flashlab::fwd", _backward, setup_context=_setup_context)
@@ -134,8 +138,8 @@ torch.library.register_autograd("flashlab::fwd", _backward, setup_context=_setup
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               cu_q: Optional[torch.Tensor], cu_k: Optional[torch.Tensor], max_q: int, max_k: int,
               dropout_p: float, scale: Optional[float], causal: bool, window: Tuple[int, int],
-              softcap: float, deterministic: bool, dropout_seed: Optional[int], kernel: str
-              ) -> Tuple[torch.Tensor, torch.Tensor]:
+              softcap: float, deterministic: bool, dropout_seed: Optional[int], kernel: str,
+              check_inputs: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """Forward through the custom op; autograd reaches flashlab::bwd. Dropout's (seed,
     offset) is a CPU int64 tensor drawn from torch's default generator (or the caller's
     seed), which torch.compile traces like any other random op; the backward gets the
@@ -147,4 +151,4 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         else:
             rng = torch.tensor([int(dropout_seed), 0], dtype=torch.int64)
     return fwd(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, rng, scale, causal, window[0],
-               window[1], softcap, deterministic, kernel)
+               window[1], softcap, deterministic, kernel, check_inputs)

@@ -93,6 +93,10 @@ Tensor view(nb::handle obj, const std::string& name, Keep* keep) {
 }
 
 // The options shared by forward and backward, in the order the Python layer passes them.
+// The nb::object members are Python references: the type's GC slots below let the cyclic
+// collector see and clear them, so an Options inside a reference cycle (a traceback's frame
+// that holds it, an array that refers back to it) is collected instead of outliving the
+// interpreter, where nanobind reports it as leaked.
 struct Options {
   nb::object cu_seqlens_q = nb::none(), cu_seqlens_k = nb::none();
   int max_seqlen_q = 0, max_seqlen_k = 0;
@@ -106,7 +110,26 @@ struct Options {
   uintptr_t stream = 0;
   nb::object workspace = nb::none();
   int num_threads = 0;
+  bool check_inputs = false;
 };
+
+int options_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  const Options* o = nb::inst_ptr<Options>(self);
+  for (const nb::object* m : {&o->cu_seqlens_q, &o->cu_seqlens_k, &o->workspace}) Py_VISIT(m->ptr());
+  return 0;
+}
+
+int options_clear(PyObject* self) {
+  Options* o = nb::inst_ptr<Options>(self);
+  for (nb::object* m : {&o->cu_seqlens_q, &o->cu_seqlens_k, &o->workspace}) *m = nb::none();
+  return 0;
+}
+
+PyType_Slot options_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(options_traverse)},
+                               {Py_tp_clear, reinterpret_cast<void*>(options_clear)},
+                               {0, nullptr}};
 
 void fill_common(const Options& o, CommonArgs* a, Keep* keep) {
   a->maybe_cu_seqlens_q = view(o.cu_seqlens_q, "cu_seqlens_q", keep);
@@ -124,6 +147,7 @@ void fill_common(const Options& o, CommonArgs* a, Keep* keep) {
   a->kernel = o.kernel;
   a->stream = reinterpret_cast<void*>(o.stream);
   a->num_threads = o.num_threads;
+  a->check_inputs = o.check_inputs;
   if (!o.workspace.is_none()) {  // raw bytes of any dtype (the Python layer passes uint8)
     Array ws;
     if (!nb::try_cast(o.workspace, ws)) throw nb::type_error("workspace must be a DLPack array");
@@ -150,16 +174,23 @@ size_t size_or_run(const Args& a, bool size_only, Status (*run)(const Args&) noe
   return 0;
 }
 
+// The options, q, k, v and out: what both passes take.
+template <class Args>
+void fill_qkvo(const Options& o, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+               Args* a, Keep* keep) {
+  fill_common(o, a, keep);
+  a->q = view(q, "q", keep);
+  a->k = view(k, "k", keep);
+  a->v = view(v, "v", keep);
+  a->out = view(out, "out", keep);
+}
+
 // `size_only`: return the workspace bytes instead of running.
 size_t forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
                const Options& o, bool size_only) {
   Keep keep;
   ForwardArgs a;
-  fill_common(o, &a, &keep);
-  a.q = view(q, "q", &keep);
-  a.k = view(k, "k", &keep);
-  a.v = view(v, "v", &keep);
-  a.out = view(out, "out", &keep);
+  fill_qkvo(o, q, k, v, out, &a, &keep);
   a.maybe_lse = view(lse, "lse", &keep);
   return size_or_run(a, size_only, flashlab::forward);
 }
@@ -169,11 +200,7 @@ size_t backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::ha
                 const Options& o, bool size_only) {
   Keep keep;
   BackwardArgs a;
-  fill_common(o, &a, &keep);
-  a.q = view(q, "q", &keep);
-  a.k = view(k, "k", &keep);
-  a.v = view(v, "v", &keep);
-  a.out = view(out, "out", &keep);
+  fill_qkvo(o, q, k, v, out, &a, &keep);
   a.dout = view(dout, "dout", &keep);
   a.lse = view(lse, "lse", &keep);
   a.dq = view(dq, "dq", &keep);
@@ -190,7 +217,7 @@ void bind_bench(nb::module_& m);  // src/python/bench_bindings.cpp
 NB_MODULE(_flashlab, m) {
   m.doc() = "FlashLab native module (use the flashlab package, not this module)";
 
-  nb::class_<Options>(m, "Options")
+  nb::class_<Options>(m, "Options", nb::type_slots(options_slots))
       .def(nb::init<>())
       .def_rw("cu_seqlens_q", &Options::cu_seqlens_q, nb::for_setter(nb::arg("value").none()))
       .def_rw("cu_seqlens_k", &Options::cu_seqlens_k, nb::for_setter(nb::arg("value").none()))
@@ -207,7 +234,8 @@ NB_MODULE(_flashlab, m) {
       .def_rw("kernel", &Options::kernel)
       .def_rw("stream", &Options::stream)
       .def_rw("workspace", &Options::workspace, nb::for_setter(nb::arg("value").none()))
-      .def_rw("num_threads", &Options::num_threads);
+      .def_rw("num_threads", &Options::num_threads)
+      .def_rw("check_inputs", &Options::check_inputs);
 
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("options"), nb::arg("size_only") = false);

@@ -1,6 +1,6 @@
 """Every bad input raises ValueError or TypeError naming the argument, before any kernel
 runs. NumPy arrays (and host memory labelled with another device through DLPack), so these
-run wherever the package is installed; the rules themselves live in src/api.cpp."""
+run wherever the package is installed; the rules themselves live in src/api/validate.cpp."""
 
 from __future__ import annotations
 
@@ -303,3 +303,101 @@ def test_backward_options_are_checked_too():
             out, lse, window_size=(-5, 0))
     _expect(ValueError, r"kernel 'nope' is not in this build", flashlab.attention_backward,
             q, k, v, out, out, lse, kernel="nope")
+
+
+# ---- integer widths, max_seqlen, check_inputs ---------------------------------------------
+
+
+@pytest.mark.parametrize("arg, value", [("max_seqlen_q", 2**31), ("max_seqlen_k", -(2**31) - 1)])
+def test_max_seqlen_beyond_int32_names_the_argument(arg, value):
+    q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
+    kw = {"max_seqlen_q": 5, "max_seqlen_k": 5, arg: value}
+    _expect(ValueError, rf"{arg} must fit int32", varlen, q, k, v, cu_q, cu_k, **kw)
+
+
+def test_window_beyond_int32_names_the_argument():
+    _expect(ValueError, r"window_size\[0\] must fit int32", attn, *_qkv(), window_size=(2**31, 0))
+
+
+@pytest.mark.torch
+def test_max_seqlen_beyond_int32_with_torch_tensors():
+    import torch
+
+    q, k, v, cu_q, cu_k = (torch.from_numpy(x) for x in _packed([4, 5], [4, 5]))
+    _expect(ValueError, r"max_seqlen_q must fit int32", varlen, q, k, v, cu_q, cu_k, 2**31, 5)
+
+
+def test_max_seqlen_may_over_estimate(rng):
+    # FlashAttention accepts an over-estimate; even the O(seqlen_q·seqlen_k) reference sizes
+    # its workspace by the real lengths, bounded by the packed totals.
+    q, k, v, cu_q, cu_k = _packed([4, 5], [3, 6])
+    q, k, v = (rng.standard_normal(x.shape).astype(np.float32) for x in (q, k, v))
+    want = varlen(q, k, v, cu_q, cu_k, 5, 6, kernel="cpu_reference")
+    got = varlen(q, k, v, cu_q, cu_k, 2**31 - 1, 2**31 - 1, kernel="cpu_reference")
+    np.testing.assert_array_equal(got, want)
+
+
+def test_check_inputs_on_host_cu_seqlens():
+    # Host cu_seqlens are checked either way; check_inputs only adds device ones.
+    q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
+    assert varlen(q, k, v, cu_q, cu_k, 5, 5, check_inputs=True).shape == q.shape
+    _expect(ValueError, r"cu_seqlens_q\[0\] must be 0", varlen, q, k, v,
+            np.array([1, 4, 9], dtype=np.int32), cu_k, 5, 5, check_inputs=True)
+    out, lse, _ = varlen(q, k, v, cu_q, cu_k, 5, 5, return_attn_probs=True)
+    dq, _, _ = flashlab.attention_backward(q, k, v, out, out, lse, cu_seqlens_q=cu_q,
+                                           cu_seqlens_k=cu_k, max_seqlen_q=5, max_seqlen_k=5,
+                                           check_inputs=True)
+    assert dq.shape == q.shape
+
+
+@pytest.mark.skipif(flashlab.cuda_available(), reason="labelled host memory must not reach a GPU")
+def test_check_inputs_needs_the_cuda_runtime():
+    # Through the native module: the NumPy path would allocate out on the host.
+    from flashlab import _flashlab
+
+    q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
+    out, lse = np.empty_like(q), np.empty((2, 9), dtype=np.float32)
+    o = _flashlab.Options()
+    o.cu_seqlens_q, o.cu_seqlens_k = Labelled(cu_q, CUDA), Labelled(cu_k, CUDA)
+    o.max_seqlen_q = o.max_seqlen_k = 5
+    o.kernel = "cpu_reference"
+    args = [Labelled(x, CUDA) for x in (q, k, v, out, lse)]
+    _expect(ValueError, r"kernel 'cpu_reference' does not support this call", _flashlab.forward,
+            *args, o, True)
+    o.check_inputs = True
+    _expect((ValueError, RuntimeError), r"check_inputs", _flashlab.forward, *args, o, True)
+
+
+@pytest.mark.cuda
+def test_check_inputs_reads_device_cu_seqlens():
+    import torch
+
+    q, k, v, _, _ = (torch.from_numpy(x).cuda() for x in _packed([4, 5], [4, 5]))
+    q, k, v = (x.half() for x in (q, k, v))
+    good = torch.tensor([0, 4, 9], dtype=torch.int32, device="cuda")
+    bad = torch.tensor([0, 6, 4], dtype=torch.int32, device="cuda")
+    # Unchecked, the kernels clamp the bad offsets and run; checked, the call is refused.
+    varlen(q, k, v, bad, good, 6, 5)
+    _expect(ValueError, r"cu_seqlens_q must be non-decreasing: \[2\] = 4 < \[1\] = 6", varlen,
+            q, k, v, bad, good, 6, 5, check_inputs=True)
+    torch.testing.assert_close(varlen(q, k, v, good, good, 5, 5, check_inputs=True),
+                               varlen(q, k, v, good, good, 5, 5))
+
+
+# ---- the native Options at exit -------------------------------------------------------------
+
+
+def test_options_in_a_reference_cycle_is_collected():
+    # An Options reachable only through a cycle (here a list that refers back to it; in
+    # practice a traceback's frame) must be collected, not reported by nanobind at exit.
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, flashlab\n"
+            "from flashlab import _flashlab\n"
+            "o = _flashlab.Options(); o.workspace = [o]; del o\n"
+            "q = np.ones((9, 2, 16), np.float32); cu = np.array([0, 4, 9], np.int32)\n"
+            "flashlab.flash_attn_varlen_func(q, q, q, cu, cu, 5, 5)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "leaked" not in r.stderr, r.stderr

@@ -159,8 +159,9 @@ TEST_F(VarlenValidationTest, CheckInputsNeedsTheCudaRuntime) {
 // checks host ones.
 TEST_F(VarlenValidationTest, DeviceCuSeqlensAreCheckedOnRequest) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  int32_t* d = nullptr;
-  ASSERT_EQ(cudaMalloc(&d, 8 * sizeof(int32_t)), cudaSuccess);
+  void* mem = nullptr;
+  ASSERT_EQ(cudaMalloc(&mem, 8 * sizeof(int32_t)), cudaSuccess);
+  int32_t* d = static_cast<int32_t*>(mem);
   const int32_t host[8] = {0, 2, 2, 5, /* k, not non-decreasing: */ 0, 3, 1, 5};
   ASSERT_EQ(cudaMemcpy(d, host, sizeof(host), cudaMemcpyHostToDevice), cudaSuccess);
   const Tensor good = on_cuda(cu_q.view(), reinterpret_cast<uintptr_t>(d));

@@ -3,11 +3,14 @@
 // highest-priority kernel that supports the call), checks the caller's workspace and runs
 // the entry unless there is nothing to write.
 //
-// The success path builds no string and allocates nothing: "auto" asks supports() only of
-// kernels that can still win and whose arch can reach the tensors' device, since a refusal
-// is a string, and the list of every kernel's reason is written only when all of them
-// refuse.
+// The success path builds no string and allocates nothing after the first call (which sorts
+// the registry for "auto"): "auto" asks kernels in priority order and stops at the first
+// that supports the call, skips kernels whose arch cannot reach the tensors' device or that
+// lack dropout without asking them (a refusal is a string), and writes the list of every
+// kernel's reason only when all of them refuse.
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "api/validate.h"
 #include "common/registry.h"
@@ -70,20 +73,30 @@ Status choose_named(std::string_view name, const P& p, const KernelEntry** chose
           "kernel '" + std::string(name) + "' is not in this build; known kernels: " + known};
 }
 
+// The entries "auto" may choose, highest auto_priority first (ties in list order), so that
+// the first one that supports a call is the one chosen and no kernel below it is asked.
+const std::vector<const KernelEntry*>& auto_order() {
+  static const std::vector<const KernelEntry*> order = [] {
+    std::vector<const KernelEntry*> v;
+    for (const KernelEntry& e : registry())
+      if (e.auto_priority > 0) v.push_back(&e);
+    std::stable_sort(v.begin(), v.end(), [](const KernelEntry* a, const KernelEntry* b) {
+      return a->auto_priority > b->auto_priority;
+    });
+    return v;
+  }();
+  return order;
+}
+
 template <class P>
 Status choose(std::string_view name, const P& p, const KernelEntry** chosen) {
   if (name != kAutoKernel) return choose_named(name, p, chosen);
-  const KernelEntry* best = nullptr;
-  for (const KernelEntry& e : registry()) {
-    const Half<P> h = half(e, p);
-    if (e.auto_priority <= 0 || !h.run || !reaches(e, p.device)) continue;
-    if (best && e.auto_priority <= best->auto_priority) continue;
+  for (const KernelEntry* e : auto_order()) {
+    const Half<P> h = half(*e, p);
+    if (!h.run || !reaches(*e, p.device)) continue;
     if (p.dropout.enabled() && !h.takes_dropout) continue;
     if (h.supports && !h.supports(p).empty()) continue;
-    best = &e;
-  }
-  if (best) {
-    *chosen = best;
+    *chosen = e;
     return {};
   }
   std::string reasons;

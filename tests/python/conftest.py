@@ -7,7 +7,7 @@ Run from the repository root after `pip install .` (or with the extension staged
 
 - test_cpu.py: NumPy (DLPack) and torch CPU tensors: values, LSE and gradients against the
   oracle in reference.py, varlen, strided and packed inputs, kernel=, kernels(), compile.
-- test_validation.py: every rule of src/api.cpp and of the Python layer, with its message.
+- test_validation.py: every rule of src/api/validate.cpp and of the Python layer, with its message.
 - test_cuda.py (marker `cuda`): the same on CUDA tensors under docs/DESIGN.md's rule, every GPU
   kernel by name, the current stream, CUDA graphs, torch.compile(fullgraph=True).
 - test_triton.py: the Triton rung.

@@ -49,11 +49,16 @@ void load_row_softmax(const BwdParams& p, const RowStats& st, int b, int h, int6
   *lse2 = lse == kNegInf ? kPosInf : lse * kLog2e;
 }
 
-// D_i = dO_i · O_i, with dO_i already converted in `dO` and O_i converted into `row`.
+// D_i = dO_i · O_i, with dO_i already converted in `dO` and O_i converted into `row`. On the
+// split path the sum runs in the order of the tile GEMM that computes dP (one multiply-add
+// per d, from d = 0): a row whose probabilities are one-hot (P = 1 at key w, so O = v_w)
+// then gets dP_w − D_i = 0 exactly, as it must, where any rounding difference would be
+// multiplied by the huge scale.
 float row_dot_out(const BwdParams& p, int b, int h, const SeqBounds& sb, int i, const float* dO,
                   float* row) {
   load_row(p.out, p.dtype, at(p.o_batch_stride, p.o_row_stride, p.o_head_stride, b, sb.start_q, i, h),
            p.head_dim_v, 1.f, row);
+  if (split_scale(p)) return dot_like_gemm(dO, row, p.head_dim_v);
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
   for (int d = 0; d < p.head_dim_v; ++d) s += dO[d] * row[d];

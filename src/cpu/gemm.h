@@ -6,6 +6,7 @@
 // is transposed inside a key loop.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace flashlab::cpu {
@@ -68,6 +69,23 @@ inline void gemm(int rows, int cols, int K, const float* A, int64_t lda, const f
       default: break;
     }
   }
+}
+
+// Σ_k a[k]·b[k] in the order and rounding micro_kernel() gives one element of C: one
+// multiply-add per k from k = 0, fused where the target has FMA (the kernel's vectorized
+// multiply-adds are contracted to FMAs there). Written out, because a plain scalar loop is
+// not contracted once the vectorizer has split it into vector multiplies and an in-order
+// sum of their lanes.
+inline float dot_like_gemm(const float* a, const float* b, int K) {
+  float s = 0.f;
+  for (int k = 0; k < K; ++k) {
+#if defined(__FMA__)
+    s = std::fma(a[k], b[k], s);
+#else
+    s += a[k] * b[k];
+#endif
+  }
+  return s;
 }
 
 }  // namespace flashlab::cpu

@@ -247,8 +247,9 @@ std::string Run::forward_of_record(const BackwardArgs& a) {
   return "";
 }
 
-// Rows that see a NaN (in their query, or a visible key's K or V) must be non-finite; rows
-// that see no non-finite value stay in the rule's comparison, the others (Inf only) leave it.
+// Rows that see a NaN (in their query, or a visible key's K or V) and no Inf must be
+// non-finite; rows that see no non-finite value stay in the rule's comparison; the others
+// (an Inf among what they see: all their logits may be -inf) leave it.
 // docs/DESIGN.md: a NaN or Inf reaches only the rows that see it, and a row that sees no key
 // is 0 with LSE -inf.
 std::string Run::nonfinite_rows(const test::Results& got) {
@@ -283,11 +284,11 @@ std::string Run::nonfinite_rows(const test::Results& got) {
         const int64_t orow = (t * Hq + h) * Dv;
         bool finite = true;
         for (int d = 0; d < Dv; ++d) finite = finite && std::isfinite(got.out[size_t(orow + d)]);
-        if ((out_f & 1) && finite) return "out row " + where + " sees a NaN but is finite";
+        if (out_f == 1 && finite) return "out row " + where + " sees a NaN but is finite";
         for (int d = 0; d < Dv && out_f; ++d) masked_out_.push_back(size_t(orow + d));
         if (got.lse.empty()) continue;
         const size_t li = size_t(p.varlen() ? int64_t(h) * p.total_q() + t : (int64_t(b) * Hq + h) * p.seqlen_q + i);
-        if ((lse_f & 1) && std::isfinite(got.lse[li])) return "lse " + where + " sees a NaN but is finite";
+        if (lse_f == 1 && std::isfinite(got.lse[li])) return "lse " + where + " sees a NaN but is finite";
         if (lse_f) masked_lse_.push_back(li);
       }
     start_q += lq;

@@ -10,8 +10,8 @@
 //     where a kernel misses that bound but stays within 2x the error of FlashAttention-2's
 //     own rounding (test_util's emulation), the rule is out of reach for the call: it passes
 //     and the summary counts it apart;
-//   - with NaN or Inf placed in q, k or v, a row that sees a NaN (its query or a visible
-//     key) is non-finite, and every row that sees none is finite and within the rule.
+//   - with NaN or Inf placed in q, k or v, a row that sees a NaN and no Inf (its query or a
+//     visible key) is non-finite, and every row that sees none is finite and within the rule.
 #pragma once
 
 #include <string>

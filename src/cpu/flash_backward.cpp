@@ -34,9 +34,9 @@ int64_t stat_index(const AttnParams& p, int b, int h, int64_t start_q, int i) {
   return p.varlen ? int64_t(h) * p.total_q + start_q + i : (int64_t(b) * p.heads_q + h) * p.seqlen_q + i;
 }
 
-// Row i's softmax as passes 1 and 2 read it. Normal path: LSE in base 2; a row that saw no
-// key has LSE −inf, and +inf makes its P exactly 0 (its entries are masked anyway; this
-// keeps an unmasked stray from becoming inf). Split path: the max and 1/sum of pass 0.
+// Row i's softmax as passes 1 and 2 read it. Normal path: LSE in base 2; a row with LSE
+// −inf (it saw no key, or scored each key −inf) gets +inf, which makes its P exactly 0.
+// Split path: the max and 1/sum of pass 0 (1/sum 0 for such a row).
 void load_row_softmax(const BwdParams& p, const RowStats& st, int b, int h, int64_t start_q, int i,
                       float* lse2, double* m2, float* inv_l) {
   if (st.m2) {
@@ -79,7 +79,8 @@ struct QueryRows {
 // dS = P ∘ (dP − D_i) ∘ dlogit · scale. The per-query arrays are indexed by the query,
 // which is the row (kQueryIsColumn false: pass 1's [M, N] tiles) or the column (pass 2's
 // [N, M] Sᵀ tiles). valid(r, c) says whether an entry is allowed by the mask; it is only
-// consulted in the kMasked instantiation.
+// consulted in the kMasked instantiation, where masked entries of P and dS are exactly 0
+// (dP there may be NaN: it is dO · V of a key the row does not see).
 template <bool kQueryIsColumn, bool kMasked, bool kCapped, bool kSplit, class Valid>
 void p_and_ds(const BwdParams& p, float* X, float* Y, int rows, int cols, int64_t ld,
               const QueryRows& qr, Valid valid) {
@@ -112,8 +113,9 @@ void p_and_ds(const BwdParams& p, float* X, float* Y, int rows, int cols, int64_
         pr = exp2_fast(s - lse2[qi]);
       }
       if constexpr (kMasked) pr = blend(valid(r, c), pr, 0.f);
+      const float ds = pr * (y[c] - drow[qi]) * g;
       x[c] = pr;
-      y[c] = pr * (y[c] - drow[qi]) * g;
+      y[c] = kMasked ? blend(valid(r, c), ds, 0.f) : ds;
     }
   }
 }
@@ -201,9 +203,16 @@ void dkdv_block(const BwdParams& p, const RowStats& st, const KTiles& w, int b, 
       const int* ke = w.ke;
       auto valid = [&](int r, int c) { return (j0 + c >= kb[r]) & (j0 + c < ke[r]); };
       p_and_ds_dispatch<false>(p, masked, w.S, w.dP, m, nc, kBlockN, {w.lse2, w.m2, w.inv_l, w.Drow}, valid);
-      // dV += Pᵀ dO and dK += dSᵀ Q: A read transposed from the [m, kBlockN] tiles.
-      gemm<true, true>(n, Dvp, m, w.S, kBlockN, w.dO, Dvp, w.dV, Dvp);
-      gemm<true, true>(n, Dp, m, w.dP, kBlockN, w.Q, Dp, w.dK, Dp);
+      // dV += Pᵀ dO and dK += dSᵀ Q: A read transposed from the [m, kBlockN] tiles; masked
+      // pairs skipped where a 0 would meet a NaN or an Inf of Q or dO.
+      if (masked && !(all_finite(w.Q, m, D, Dp) && all_finite(w.dO, m, Dv, Dvp))) {
+        auto key_sees = [&](int j, int i) { return valid(i, j); };
+        gemm_valid_pairs<true>(n, Dvp, m, w.S, kBlockN, w.dO, Dvp, w.dV, Dvp, key_sees);
+        gemm_valid_pairs<true>(n, Dp, m, w.dP, kBlockN, w.Q, Dp, w.dK, Dp, key_sees);
+      } else {
+        gemm<true, true>(n, Dvp, m, w.S, kBlockN, w.dO, Dvp, w.dV, Dvp);
+        gemm<true, true>(n, Dp, m, w.dP, kBlockN, w.Q, Dp, w.dK, Dp);
+      }
     }
   }
 
@@ -251,8 +260,13 @@ void dq_block(const BwdParams& p, const RowStats& st, const QTiles& w, const QBl
     const int* ke = w.ke;
     auto valid = [&](int r, int c) { return (j0 + r >= kb[c]) & (j0 + r < ke[c]); };
     p_and_ds_dispatch<true>(p, masked, w.St, w.dPt, n, q.mc, kBlockM, {w.lse2, w.m2, w.inv_l, w.Drow}, valid);
-    // dQ[i][:] += Σ_j dS[i][j] K[j][:], dS read from the dSᵀ tile.
-    gemm<true, true>(q.m, Dp, n, w.dPt, kBlockM, w.K, Dp, dQ, Dp);
+    // dQ[i][:] += Σ_j dS[i][j] K[j][:], dS read from the dSᵀ tile; masked pairs skipped
+    // where a 0 would meet a NaN or an Inf of K.
+    if (masked && !all_finite(w.K, n, D, Dp))
+      gemm_valid_pairs<true>(q.m, Dp, n, w.dPt, kBlockM, w.K, Dp, dQ, Dp,
+                             [&](int i, int j) { return valid(j, i); });
+    else
+      gemm<true, true>(q.m, Dp, n, w.dPt, kBlockM, w.K, Dp, dQ, Dp);
   });
 
   const int64_t dq_first = at(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, q.b, q.sb.start_q, q.i0, q.h);

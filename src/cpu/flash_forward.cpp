@@ -91,19 +91,26 @@ void fwd_block(const FwdParams& p, const QTiles& w, const QBlock& q) {
 #pragma omp simd
       for (int d = 0; d < Dvp; ++d) o[d] *= a;
     }
-    // O[i][:] += Σ_j P[i][j] V[j][:], P read from the Pᵀ tile.
-    gemm<true, true>(q.m, Dvp, n, w.St, kBlockM, w.V, Dvp, O, Dvp);
+    // O[i][:] += Σ_j P[i][j] V[j][:], P read from the Pᵀ tile. A masked P is exactly 0, but
+    // 0 · NaN is not: a partly masked tile whose V holds a NaN or an Inf skips its masked pairs.
+    if (masked && !all_finite(w.V, n, Dv, Dvp))
+      gemm_valid_pairs<true>(q.m, Dvp, n, w.St, kBlockM, w.V, Dvp, O, Dvp,
+                             [&](int i, int j) { return j0 + j >= w.kb[i] && j0 + j < w.ke[i]; });
+    else
+      gemm<true, true>(q.m, Dvp, n, w.St, kBlockM, w.V, Dvp, O, Dvp);
   });
 
   const int64_t o_first = at(p.o_batch_stride, p.o_row_stride, p.o_head_stride, q.b, q.sb.start_q, q.i0, q.h);
   for (int i = 0; i < q.m; ++i) {
     const float l = w.l[i];
-    // l == 0: the row saw no key (its O accumulator is still 0): O = 0, LSE = −inf.
-    store_row(p.out, p.dtype, o_first + int64_t(i) * p.o_row_stride, Dv, l > 0.f ? 1.f / l : 0.f,
+    // l == 0: the row saw no key (O = 0), or scored each key it sees −inf (O = Σ 0 · v: 0,
+    // or NaN where one of those v is NaN or Inf); LSE = log(0) = −inf. l NaN (a NaN score,
+    // or +inf among its scores): O and LSE NaN.
+    store_row(p.out, p.dtype, o_first + int64_t(i) * p.o_row_stride, Dv, l == 0.f ? 1.f : 1.f / l,
               O + int64_t(i) * Dvp);
     if (p.lse)
       p.lse[q.b * p.lse_batch_stride + q.h * p.lse_head_stride + q.sb.start_q + q.i0 + i] =
-          l > 0.f ? float((split ? w.m2[i] : double(w.m[i])) * kLn2F64 + std::log(double(l))) : kNegInf;
+          l == 0.f ? kNegInf : float((split ? w.m2[i] : double(w.m[i])) * kLn2F64 + std::log(double(l)));
   }
 }
 

@@ -3,9 +3,11 @@
 // of C held in registers) whose innermost loop runs over contiguous columns of B, so it
 // vectorizes (AVX2/FMA or wider with -march=native). A may be read transposed (kATrans),
 // which is how P and dS enter a product from a tile that holds them as Pᵀ / dSᵀ: no tile
-// is transposed inside a key loop.
+// is transposed inside a key loop. gemm_valid_pairs() is the masked tiles' product when B
+// holds a non-finite value (docs/DESIGN.md: a masked key's values never reach a row).
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 
@@ -86,6 +88,39 @@ inline float dot_like_gemm(const float* a, const float* b, int K) {
 #endif
   }
   return s;
+}
+
+// True when none of X[r][c] (r < rows, c < cols) is NaN or ±inf. The exponent bits are
+// all ones exactly for those, and an OR over the rows vectorizes.
+inline bool all_finite(const float* X, int rows, int cols, int64_t ld) {
+  uint32_t special = 0;
+  for (int r = 0; r < rows; ++r) {
+    const float* x = X + r * ld;
+#pragma omp simd reduction(| : special)
+    for (int c = 0; c < cols; ++c)
+      special |= uint32_t((std::bit_cast<uint32_t>(x[c]) & 0x7f800000u) == 0x7f800000u);
+  }
+  return special == 0;
+}
+
+// C[r][0..cols) += Σ_{k : valid(r, k)} A(r, k) · B[k][0..cols), A addressed as in gemm().
+// The masked pairs are skipped, not multiplied by a zero probability: 0 · NaN is NaN, so
+// gemm() would carry a non-finite B row that the mask hides into rows that never see it.
+// One row of C at a time, so it runs only on partly masked tiles whose B holds a NaN or an
+// Inf (all_finite).
+template <bool kATrans, class Valid>
+void gemm_valid_pairs(int rows, int cols, int K, const float* A, int64_t lda, const float* B,
+                      int64_t ldb, float* C, int64_t ldc, Valid valid) {
+  for (int r = 0; r < rows; ++r) {
+    float* c = C + r * ldc;
+    for (int k = 0; k < K; ++k) {
+      if (!valid(r, k)) continue;
+      const float a = kATrans ? A[k * lda + r] : A[r * lda + k];
+      const float* b = B + k * ldb;
+#pragma omp simd
+      for (int x = 0; x < cols; ++x) c[x] += a * b[x];
+    }
+  }
 }
 
 }  // namespace flashlab::cpu

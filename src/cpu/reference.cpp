@@ -70,11 +70,12 @@ double kept(const AttnParams& p, int bh, int i, int j) {
 // The softmax of each row of one (batch, head), kept as its max logit m and its sum
 // l = Σ exp(s − m) over the keys the row sees, not as LSE = m + log(l): when the logits are
 // huge, m + log(l) rounds log(l) away, and exp(s − LSE) would give each of n tied keys
-// weight 1 instead of 1/n. A row that sees no key has l = 0.
+// weight 1 instead of 1/n. A row that sees no key, or scores every key it sees −inf, has
+// l = 0 (its true log-sum-exp is −inf) and weights 0; a NaN score makes l NaN.
 struct RowSoftmax {
   double* m;  // [len_q]
   double* l;  // [len_q]
-  double prob(int i, double s) const { return std::exp(s - m[i]) / l[i]; }
+  double prob(int i, double s) const { return l[i] == 0 ? 0.0 : std::exp(s - m[i]) / l[i]; }
   double lse(int i) const { return l[i] == 0 ? kNegInf : m[i] + std::log(l[i]); }
 };
 
@@ -86,12 +87,15 @@ void scores_and_softmax(const AttnParams& p, int len_q, int len_k, const double*
     const int jb = p.mask.key_begin(i, len_q, len_k), je = p.mask.key_end(i, len_q, len_k);
     double* s = S + int64_t(i) * p.seqlen_k;
     double m = kNegInf;
+    bool nan = false;
     for (int j = jb; j < je; ++j) {
       s[j] = p.mask.logit(double(p.scale) * dot(Q + int64_t(i) * D, K + int64_t(j) * D, D));
       m = std::max(m, s[j]);
+      nan = nan || std::isnan(s[j]);
     }
-    double l = 0;
-    for (int j = jb; j < je; ++j) l += std::exp(s[j] - m);
+    double l = nan ? std::numeric_limits<double>::quiet_NaN() : 0.0;
+    if (m > kNegInf)
+      for (int j = jb; j < je; ++j) l += std::exp(s[j] - m);
     rows.m[i] = m;
     rows.l[i] = l;
   }

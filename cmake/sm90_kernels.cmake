@@ -15,8 +15,9 @@ if("90a" IN_LIST FLASHLAB_CUDA_ARCHS)
   endforeach()
 
   # The schedule ablations (cute_fa3_no_pingpong, _no_overlap, _serial, _persistent):
-  # bf16 head dim 128, built only with FLASHLAB_ABLATIONS.
+  # bf16 head dim 128, built and registered (ablations.cu) only with FLASHLAB_ABLATIONS.
   if(FLASHLAB_ABLATIONS)
+    list(APPEND FLASHLAB_SM90_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/ablations.cu)
     foreach(schedule no_pingpong no_overlap serial persistent)
       list(APPEND FLASHLAB_SM90_SOURCES
         ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/instantiations/fwd_hdim128_bf16_${schedule}.cu)
@@ -28,8 +29,7 @@ if("90a" IN_LIST FLASHLAB_CUDA_ARCHS)
     ${CMAKE_CURRENT_SOURCE_DIR}/include
     ${CMAKE_CURRENT_SOURCE_DIR}/src
     ${FLASHLAB_CUTLASS_INCLUDE})
-  target_compile_definitions(flashlab_sm90 PRIVATE FLASHLAB_WITH_CUDA=1
-    FLASHLAB_ABLATIONS=$<BOOL:${FLASHLAB_ABLATIONS}>)
+  target_compile_definitions(flashlab_sm90 PRIVATE FLASHLAB_WITH_CUDA=1)
   target_compile_options(flashlab_sm90 PRIVATE
     -gencode=arch=compute_90a,code=sm_90a -O3 --expt-relaxed-constexpr -lineinfo
     -Xptxas=-warn-spills)

@@ -6,7 +6,7 @@
     scripts/gen_sm90_instantiations.py --check    # exit 1 when a file is missing or stale
 
 The head dims and dtypes listed here must match fwd_dispatch.cu's switch and the sources in
-cmake/sm90_kernels.cmake.
+cmake/sm90_kernels.cmake; the schedules, ablations.cu's entries.
 """
 import pathlib
 import sys
@@ -26,8 +26,8 @@ template struct flashlab::sm90::FwdInstance<flashlab::DType::{enum}, {hdim}>;
 """
 
 # The schedule variants that measure what pingpong, the intra-warpgroup overlap and the
-# persistent tile scheduler add (registered as cute_fa3_no_pingpong, cute_fa3_no_overlap,
-# cute_fa3_serial, cute_fa3_persistent): bf16 head dim 128 only.
+# persistent tile scheduler add (registered by ablations.cu as cute_fa3_no_pingpong,
+# cute_fa3_no_overlap, cute_fa3_serial, cute_fa3_persistent): bf16 head dim 128 only.
 SCHEDULES = {"no_pingpong": "kNoPingpong", "no_overlap": "kNoOverlap", "serial": "kSerial",
              "persistent": "kPersistent"}
 SCHEDULE_TEMPLATE = """\

@@ -1,4 +1,4 @@
-// The boundary between the dispatch (fwd_dispatch.cu, no CuTe) and the kernel instantiations
+// The boundary between the dispatch (fwd_dispatch.cu and ablations.cu, no CuTe) and the kernel instantiations
 // (instantiations/fwd_hdim*_*.cu, one per dtype and head dim, so they compile in parallel
 // and rebuild alone). Defined in fwd_kernel.cuh.
 #pragma once
@@ -8,10 +8,10 @@
 
 namespace flashlab::sm90 {
 
-// The schedule. kFull is cute_fa3; the others, built for bf16 head dim 128 only, measure what
-// a technique adds (docs/sm90/fwd.md): three turn off the consumers' pingpong, their
-// intra-warpgroup overlap, or both; kPersistent turns on the persistent tile scheduler, which
-// cute_fa3 no longer uses (it measured slower than one CTA per tile in session 15).
+// The schedule. kFull is cute_fa3; the others are its ablations (ablations.cu), built for
+// bf16 head dim 128 only, to measure what a technique adds: three turn off the consumers'
+// pingpong, their intra-warpgroup overlap, or both; kPersistent turns on the persistent tile
+// scheduler, which measured slower than one CTA per tile (fwd_traits.h's FwdConfig).
 enum class Schedule { kFull, kNoPingpong, kNoOverlap, kSerial, kPersistent };
 
 template <DType kDtype, int kHeadDim, Schedule kSchedule = Schedule::kFull>

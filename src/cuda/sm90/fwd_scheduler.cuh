@@ -12,8 +12,8 @@
 //                      one's epilogue runs, and no CTA is launched or torn down per tile.
 //                      The ablation cute_fa3_persistent: 5-8% slower than one CTA per tile
 //                      at head dim 128 without a mask, level at causal 4k, 2-7% slower at
-//                      causal 8k-16k; the time it loses is in its loop, whose exponentials
-//                      ptxas schedules worse (sessions 15-16, docs/sm90/fwd.md)
+//                      causal 8k-16k (H100, bf16); the time it loses is in its loop, whose
+//                      exponentials ptxas schedules worse (docs/sm90/fwd.md, "Scheduling")
 #pragma once
 
 #include <algorithm>

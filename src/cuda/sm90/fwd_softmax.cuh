@@ -19,8 +19,6 @@ using namespace cute;
 
 using cuda::apply_mask;  // cuda/cute_common.cuh
 using cuda::exp2_approx;
-using cuda::kLn2;
-using cuda::kLog2e;
 using cuda::OnlineSoftmax;
 
 // A wgmma accumulator ((2 cols, 2 rows, N/8 col blocks), MMA_M, MMA_N) seen as a matrix
@@ -42,7 +40,6 @@ template <int kRows>
 struct Softmax : OnlineSoftmax<kRows> {
   using Base = OnlineSoftmax<kRows>;
   using Base::kLazyLog2;
-  using Base::rescale_o;
   using Base::row_max;
   using Base::row_sum;
 
@@ -67,7 +64,7 @@ struct Softmax : OnlineSoftmax<kRows> {
   // lane's own max would move its row. The results are update()'s, bit for bit: a row's quad
   // max exceeds its reference by more than kLazyLog2 exactly when one of the quad's own maxima
   // does. On most tiles the exponentials then start right after the vote. Returns whether any
-  // row of the warp moved (warp-uniform), for rescale_o's overload below.
+  // row of the warp moved (warp-uniform), for rescale_o below.
   template <class S>
   __device__ __forceinline__ bool update_voted(S& s, float scale_log2, float (&rescale)[kRows]) {
     constexpr int kCols = decltype(cute::size<1>(s))::value;
@@ -113,9 +110,9 @@ struct Softmax : OnlineSoftmax<kRows> {
   // then take x in place too, so each score lives in one register from S to P and ptxas
   // interleaves the max's FMNMX with the exponentials. (Written the first way, the max over
   // the raw scores and the exponentials of s·scale_log2 − m_scaled, every exponential
-  // needed a temporary; in the persistent kernel ptxas ran them through one register, each
-  // FFMA waiting for the previous MUFU.EX2 to read it, and in cute_fa3 that form measured
-  // 2–3.5% slower: docs/sm90/fwd.md, session 16.) Then one warp vote: where no row leads by
+  // needed a temporary; ptxas ran runs of them through one register, each FFMA waiting for
+  // the previous MUFU.EX2 to read it, and that form measured 2–3.5% slower at head dim 128
+  // on H100: docs/sm90/fwd.md, "The softmax".) Then one warp vote: where no row leads by
   // more than kLazyLog2 (most tiles), P is final; where one does, its P, ℓ and this tile's
   // sum are rescaled by the factor O gets, 2^(−lead), and its reference moves up by the
   // lead (P = 2^(s − m_new) up to one more rounding). Two cases take another path:
@@ -186,7 +183,8 @@ struct Softmax : OnlineSoftmax<kRows> {
     return moved;
   }
 
-  // The same, with the answer of update_voted() or update_exp_first() instead of a vote.
+  // OnlineSoftmax::rescale_o with the answer of update_voted() or update_exp_first() in
+  // place of its own vote.
   template <class O>
   __device__ __forceinline__ static void rescale_o(O& o, const float (&rescale)[kRows], bool moved) {
     if (moved) Base::scale_rows(o, rescale);

@@ -27,15 +27,13 @@ using cute::Tensor;  // not flashlab::Tensor (the public API's view)
 
 using cuda::ElementFor;  // cuda/cute_common.cuh
 
-// The order of the softmax's steps (fwd_softmax.cuh, each measured: docs/sm90/fwd.md):
-//   kMaxFirst   cuda::OnlineSoftmax::update: the row max (a tree), its quad shuffles, then
-//               the exponentials against it
-//   kVoteFirst  Softmax::update_voted: each thread's own max, one warp vote, the shuffles
-//               only where some row moves its reference max
+// Where the softmax finds each row's max relative to its exponentials (fwd_softmax.cuh):
+//   kVoteFirst  Softmax::update_voted: each thread's own max, one warp vote, the quad
+//               shuffles only where some row moves its reference max
 //   kExpFirst   Softmax::update_exp_first: the exponentials against the reference max while
 //               the tile's lead over it is still being found (the max of the exponents'
 //               arguments, written over the scores); a rescale (or a refill) where it moved
-enum class MaxOrder { kMaxFirst, kVoteFirst, kExpFirst };
+enum class MaxOrder { kVoteFirst, kExpFirst };
 
 template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, int kNConsumerWarpgroups_ = 2,
           bool kPingpong_ = true, bool kIntraOverlap_ = true, bool kPersistent_ = false,
@@ -60,7 +58,7 @@ struct FwdTraits {
   // NamedBarrier adds its reserved ids on top).
   static constexpr int kEpilogueBarrier = 0;
 
-  // ---- schedule (each switch can be turned off to measure what it adds: docs/sm90/fwd.md) --
+  // ---- schedule (the ablations turn each switch off to measure what it adds) -------------
   // Pingpong: the consumer warpgroups take turns issuing their wgmma batches, in a ring
   // (named barrier kSchedulerBarrier + w: warpgroup w waits, w − 1 arrives), so one's
   // softmax runs while another's GEMMs keep the tensor cores busy.
@@ -75,7 +73,7 @@ struct FwdTraits {
   static constexpr bool kSoftmaxUnderPv = kSoftmaxUnderPv_;
   // With the overlap: test the next turn's K and V barriers (mbarrier.test_wait, which does
   // not block) before the softmax, so that the turn finds them landed without waiting on a
-  // barrier read (fwd_kernel.cuh's consume). FwdConfig picks per head dim.
+  // barrier read (fwd_consumer.cuh's overlapped_tile). FwdConfig picks per head dim.
   static constexpr bool kPollKvEarly = kPollKvEarly_;
   // Where the softmax finds each row's max relative to its exponentials (MaxOrder,
   // fwd_softmax.cuh). FwdConfig picks per kernel.
@@ -183,13 +181,12 @@ struct FwdTraits {
 //    256    128 ×  64        2          2    64 + 64 + 64  = 192 KiB      32 + 16 + 128
 // Head dim 64 is bound by the softmax more than by its short GEMMs: with three consumer
 // warpgroups two softmaxes overlap each warpgroup's GEMMs (4x4096x32x64 bf16: 481 TFLOP/s
-// against 406 with two). At 160 registers a thread its one-CTA-per-tile kernels do not
-// spill (session 13); a persistent one spilled 312 bytes and reloaded some of them inside
-// the consumer loop, so head dim 64 runs one CTA per tile under every mask.
-// At head dim 256, O's 128 accumulators a thread leave room for a 64-key S only. Wider key
-// tiles at head dim 128 (176, FlashAttention-3's; 176-wide wgmmas need
-// CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, else CuTe picks 16-wide ones) on two stages
-// measured level at 8k-16k and 7% slower at 4k than 128 on three (docs/sm90/fwd.md).
+// against 406 with two), and at 160 registers a thread its kernels do not spill. At head
+// dim 256, O's 128 accumulators a thread leave room for a 64-key S only. At head dim 128 a
+// third stage is worth more than wider key tiles (176 keys on two stages: 7% slower at 4k,
+// level at 8k–16k).
+// Each choice below was measured on H100 (bf16, alternating A/B in one process, 4k–16k
+// tokens; docs/sm90/fwd.md, "What each technique is worth" and "Alternatives measured").
 template <DType kDtype, int kHeadDim, Schedule kSchedule = Schedule::kFull>
 struct FwdConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
@@ -201,34 +198,24 @@ struct FwdConfig {
   static constexpr int kConsumers = kHeadDim == 64 ? 3 : 2;
   static constexpr bool kPingpong = kSchedule != Schedule::kNoPingpong && kSchedule != Schedule::kSerial;
   static constexpr bool kOverlap = kSchedule != Schedule::kNoOverlap && kSchedule != Schedule::kSerial;
-  // One CTA per tile, under every mask: the persistent kernel (the ablation
-  // cute_fa3_persistent) measured slower at every head dim. Session 15's same-process A/B at
-  // head dim 128 (docs/sm90/fwd.md, "One CTA per tile under causal masks too"): 5-7% slower
-  // without a mask, and under a causal mask level at 4k, 3% slower at 8k and 11% at 16k;
-  // session 16's, both on the same softmax: 5-8% slower without a mask, level at causal 4k,
-  // 2-7% slower at causal 8k-16k (ncu: the same loop instructions, scheduled worse by
-  // ptxas in the exponentials, "The exponent's argument in place"). At 64 it spilled
-  // inside the consumer loop (session 13), at 256 it lost with and without a mask.
+  // One CTA per tile under every mask. The persistent kernel (the ablation
+  // cute_fa3_persistent, head dim 128) is 5–8% slower without a mask, level under a causal
+  // mask at 4k and 2–7% slower at 8k–16k: ptxas schedules its loop's exponentials worse. At
+  // head dim 64 it spilled inside the consumer loop, at 256 it lost with and without a mask.
   static constexpr bool kPersistent = kSchedule == Schedule::kPersistent;
   static_assert(!kPersistent || kHeadDim == 128, "the persistent ablation is built at 128 only");
-  // The softmax under P V, measured against the softmax after P V has completed (same
-  // process, session 12, docs/sm90/fwd.md): +13-17% at head dim 256, +1.5-3.6% under causal
-  // masks at 128 (level without a mask), and 5.5-8% slower at 64 (three consumer
-  // warpgroups, the exp unit the busiest pipe; why it loses there was not looked into).
+  // The softmax under P V, against after P V has completed: +13–17% at head dim 256,
+  // +1.5–3.6% under causal masks at 128 (level without a mask), 5.5–8% slower at 64, where
+  // three consumer warpgroups keep the exp unit the busiest pipe.
   static constexpr bool kSoftmaxUnderPv = kHeadDim >= 128;
-  // The early K/V test, measured with the tree row max against neither (same process,
-  // session 13, docs/sm90/fwd.md): +5-13% at head dim 128 without a mask, level under a
-  // causal mask; 1-6% slower under a causal mask in head dim 64's persistent kernel of the
-  // time, and level on its one-CTA-per-tile kernel (session 14, with kVoteFirst). So only
-  // at 128.
+  // The early K/V test: +5–13% at head dim 128 without a mask together with the tree row
+  // max (+1–8% each alone), level under a causal mask; level at head dim 64. So only at 128.
   static constexpr bool kPollKvEarly = kHeadDim == 128;
-  // The softmax's order (same-process A/Bs, session 14, docs/sm90/fwd.md): against
-  // kMaxFirst, kVoteFirst gained 2-4% at head dims 64 and 128 (0-5% at 256), and kExpFirst
-  // 3-6% where head dim 128 runs one CTA per tile (0-4% over kVoteFirst), but lost 3-7% at
-  // head dim 64 and was level with kVoteFirst at 256. Session 16 wrote kExpFirst's
-  // exponent argument over the score (fwd_softmax.cuh): +2-3.5% at head dim 128 without a
-  // mask, +3% causal at 4k. So kExpFirst at head dim 128 (the persistent ablation too, so
-  // that it differs from cute_fa3 in the schedule alone), kVoteFirst elsewhere.
+  // The softmax's order: at head dim 128 without a mask the exponentials first gain 0–4%
+  // over the vote first, and writing the exponent's argument over the score 2–3.5% more; at
+  // 64 and 256 that form measured level to 5% slower than the vote first and spilled. So
+  // kExpFirst at 128 (the persistent ablation too, so that it differs from cute_fa3 in the
+  // schedule alone), kVoteFirst elsewhere.
   static constexpr MaxOrder kMaxOrder =
       kHeadDim == 128 ? MaxOrder::kExpFirst : MaxOrder::kVoteFirst;
   using Traits = FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, kBlockN, kStages,

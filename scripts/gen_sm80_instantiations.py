@@ -5,8 +5,8 @@ FlashAttention-2 kernels, so that each compiles in parallel and rebuilds alone.
     scripts/gen_sm80_instantiations.py            # (re)write the files
     scripts/gen_sm80_instantiations.py --check    # exit 1 when a file is missing or stale
 
-The head dims and dtypes listed here must match fwd_dispatch.cu's and bwd_dispatch.cu's
-switches and the sources in cmake/cuda_kernels.cmake.
+The head dims and dtypes listed here must match the switch in src/cuda/sm80/dispatch.cu
+(entries_for); cmake/cuda_kernels.cmake globs the files.
 """
 import argparse
 import pathlib

@@ -1,4 +1,4 @@
-// The ldmatrix address arithmetic of gemm_ss_lines (line_address, sm80/fwd_traits.h) against
+// The ldmatrix address arithmetic of gemm_ss_lines (line_address, sm80/traits_common.h) against
 // CuTe: for every thread of every head dim whose operands are stored in 64-element swizzle
 // lines, the address computed for (m-tile or n-pair, k-step) must be the one CuTe's ldmatrix
 // partition of the same tile gives: the forward's Q and K, the backward's Q/dO and K/V.

@@ -1,4 +1,4 @@
-// The boundary between the backward's dispatch (bwd_dispatch.cu, no CuTe) and its kernel
+// The boundary between the dispatch (dispatch.cu, no CuTe) and the backward's kernel
 // instantiations (instantiations/bwd_hdim*_*.cu, one per dtype and head dim, so that they
 // compile in parallel and rebuild alone). Defined in bwd_kernel.cuh.
 #pragma once

@@ -1,11 +1,15 @@
-// The CuTe FlashAttention-2 backward kernels (sm80 path), in layers:
-//   preprocess   D = rowsum(dO ∘ O), LSE in log2 units, the fp32 dQ accumulator zeroed
-//   scheduler    which keys a CTA owns and which query blocks see them
-//   mainloop     per query block: S = Q Kᵀ → P (recomputed from the LSE), dP = dO Vᵀ,
-//                dS = P ∘ (dP − D), dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K (fp32 atomics)
-//   epilogue     dK and dV once, through shared memory, in the output dtype
-//   postprocess  the dQ accumulator → the output dtype
-// Every compile-time choice comes from the traits (bwd_traits.h); the launch is at the end.
+// The CuTe FlashAttention-2 backward kernels (sm80 path): the layers wired to the CTAs of
+// three kernels, and their launch.
+//   preprocess  bwd_softmax.cuh     D = rowsum(dO ∘ O), LSE in log2 units, the fp32 dQ
+//                                   accumulator zeroed (bwd_workspace.cuh)
+//   main        bwd_scheduler.cuh   which keys a CTA owns and which query blocks see them
+//               bwd_mainloop.cuh    per query block: S = Q Kᵀ, dP = dO Vᵀ, dV += Pᵀ dO,
+//                                   dK += dSᵀ Q, dQ += dS K (fp32 reductions)
+//               bwd_softmax.cuh     P recomputed from the LSE, dS = P ∘ (dP − D)
+//               (this file)         epilogue: dK and dV once, through shared memory, in the
+//                                   output dtype
+//   postprocess bwd_epilogue.cuh    the dQ accumulator → the output dtype
+// Every compile-time choice comes from the traits (bwd_traits.h).
 //
 // The algorithm is FlashAttention-2's (Algorithm 2), the same as rung 5's (fa2_simt_bwd) on
 // tensor cores: a CTA owns kBlockN keys of one (batch, KV head) and walks the query blocks
@@ -26,397 +30,46 @@
 // (transposed for the products that reduce over rows or keys), Q/dO double-buffered so that
 // the next block's cp.async loads land during this one's products, key blocks of 128 at head
 // dims 64 and 128, head dims to 256, dropout, and the deterministic mode.
-// Measured on H100 (bf16, B·S = 16k tokens, hidden 2048, same process, 2026-11-25): 1.00–1.07x
-// SDPA's FlashAttention-2 backward (head dim 128, 8k: 320 against 306 TFLOP/s; session 6's
-// kernel: 0.80–0.93x), after dQ's reductions were spread over dK's k-steps and held there
-// (after()), the MMAs of a k-step ordered m-tile by m-tile (mma_k_step) and S's and dP's
-// ldmatrix addresses computed per k-step (gemm_ss_lines). docs/sm80/bwd.md.
+// Measured on H100 (bf16, B·S = 16k tokens, hidden 2048, SDPA in the same process):
+// 1.00–1.07x SDPA's FlashAttention-2 backward (head dim 128, 8k: 320 against 306 TFLOP/s).
+// docs/sm80/bwd.md has the tables and what each of three choices adds: dQ's reductions
+// spread over dK's k-steps and held there (after()), the MMAs of a k-step m-tile by m-tile
+// (mma_k_step), and S's and dP's ldmatrix addresses computed per k-step (gemm_ss_lines).
 #pragma once
 
 #include <cute/tensor.hpp>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cutlass/numeric_conversion.h>
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
+#include "common/constants.h"
 #include "common/params.h"
 #include "cuda/common.cuh"
+#include "cuda/sm80/bwd_epilogue.cuh"
 #include "cuda/sm80/bwd_instance.h"
+#include "cuda/sm80/bwd_mainloop.cuh"
+#include "cuda/sm80/bwd_scheduler.cuh"
+#include "cuda/sm80/bwd_softmax.cuh"
 #include "cuda/sm80/bwd_traits.h"
-#include "cuda/sm80/fwd_kernel.cuh"  // fragment views, round_to, copy_rows, gemm_ss, exp2_approx
+#include "cuda/sm80/bwd_workspace.cuh"
+#include "cuda/sm80/collective_common.cuh"
 
 namespace flashlab::sm80 {
 
 using namespace cute;
 
-// ---- workspace ---------------------------------------------------------------------------
-// Row i of (batch b, head h) is packed row h·total_q + seq_start(b) + i of dsum and lse_log2,
-// where seq_start(b) is cu_seqlens_q[b] (varlen) or b·seqlen_q.
-//
-// dq_accum is not row-major: each (head, batch entry, query block) owns a contiguous chunk of
-// kBlockM · D floats in the order the main kernel's threads hold dQ (DqChunk below), so that
-// a warp's vector reduction covers 512 contiguous bytes: four cache lines, where a row-major
-// accumulator took eight lines for 256 bytes, and the load/store unit that also serves the
-// ldmatrix reads spent four times the wavefronts on the adds. A sequence's chunks start at
-// padded row seq_start(b) + b · kBlockM, so that its last, ragged block has a whole chunk.
-struct BwdWorkspace {
-  float* dq_accum;  // [heads_q, total_q + batch·kBlockM, D]  dQ in fp32 in DqChunk order
-  float* dsum;      // [heads_q, total_q]     D_i = rowsum(dO ∘ O)
-  float* lse_log2;  // [heads_q, total_q]     LSE·log2 e; +inf for rows that saw no key
-  int* dq_turn;     // [batch, heads_q, m_blocks]  deterministic only: key blocks done, else null
-};
-
-// Byte offsets of the arrays in the caller's workspace, each on its own 256 bytes.
-struct BwdWorkspaceLayout {
-  size_t dq_accum = 0, dsum = 0, lse_log2 = 0, dq_turn = 0, total = 0;
-};
-
-inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p, int block_m) {
-  constexpr size_t kAlign = 256;
-  auto aligned = [](size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
-  const size_t rows = size_t(p.heads_q) * size_t(p.total_q);
-  const size_t dq_rows = size_t(p.heads_q) * (size_t(p.total_q) + size_t(p.batch) * block_m);
-  const size_t m_blocks = (size_t(p.seqlen_q) + block_m - 1) / block_m;
-  BwdWorkspaceLayout l;
-  l.dsum = aligned(dq_rows * size_t(p.head_dim) * sizeof(float));
-  l.lse_log2 = l.dsum + aligned(rows * sizeof(float));
-  l.dq_turn = l.lse_log2 + aligned(rows * sizeof(float));
-  l.total = l.dq_turn + (p.deterministic ? aligned(size_t(p.batch) * size_t(p.heads_q) * m_blocks *
-                                                   sizeof(int))
-                                         : 0);
-  return l;
-}
-
-__device__ __forceinline__ int64_t bwd_ws_row(const BwdParams& p, const cuda::SeqInfo& seq, int b,
-                                              int h) {
-  return int64_t(h) * p.total_q + (p.varlen ? seq.start_q : int64_t(b) * p.seqlen_q);
-}
-
-// The dQ accumulator chunk of (batch b, head h, the query block starting at row i0): the
-// main kernel's thread t holds float4 j of it at chunk + 4 · (j · kNThreads + t), float4 j
-// being values 4j … 4j + 3 of its dQ = dS K accumulator (one m16n8 fragment). Rows past a
-// ragged block's end fall in the chunk's padding, which only the main kernel adds into.
-template <class Tr>
-struct DqChunk {
-  static constexpr int kFloats = Tr::kBlockM * Tr::kHeadDim;
-  static constexpr int kQuadsPerThread = kFloats / (4 * Tr::kNThreads);
-  static_assert(kFloats % (4 * Tr::kNThreads) == 0, "every thread holds whole float4s of dQ");
-  __device__ __forceinline__ static float4* at(const BwdParams& p, const BwdWorkspace& ws,
-                                               const cuda::SeqInfo& seq, int b, int h, int i0) {
-    const int64_t rows_per_head = p.total_q + int64_t(p.batch) * Tr::kBlockM;
-    const int64_t seq_start = p.varlen ? seq.start_q : int64_t(b) * p.seqlen_q;
-    const int64_t row = int64_t(h) * rows_per_head + seq_start + int64_t(b) * Tr::kBlockM + i0;
-    return reinterpret_cast<float4*>(ws.dq_accum + row * Tr::kHeadDim);
-  }
-};
-
-constexpr int kRowKernelThreads = 256;  // preprocess
-constexpr int kRowKernelWarps = kRowKernelThreads / 32;
-
-// The preprocess moves 16 bytes per lane: a row of D elements is D/8 chunks of dO and O
-// (8 to 32). A row is read by a group of kLanes lanes (the
-// chunk count rounded up to a power of two, so that a warp holds 32/kLanes whole rows and
-// few lanes idle), and a CTA's kBlockM rows take kPasses passes of its 8 warps. Every CUDA
-// tensor's base and strides are multiples of 16 bytes (api.cpp), so the chunks are aligned.
-template <class Tr>
-struct RowChunks {
-  static constexpr int kElems = 16 / int(sizeof(typename Tr::Element));  // elements per chunk
-  static constexpr int kChunks = Tr::kHeadDim / kElems;                   // chunks per row
-  static constexpr int kLanes = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
-  static constexpr int kRowsPerPass = kRowKernelWarps * (32 / kLanes);
-  static constexpr int kPasses = Tr::kBlockM / kRowsPerPass;
-  static_assert(Tr::kHeadDim % kElems == 0 && kChunks <= 32, "a warp covers a row in chunks");
-  static_assert(Tr::kBlockM % kRowsPerPass == 0, "the passes cover the block's rows evenly");
-  // This thread's row within pass 0, and its chunk of the row (valid when < kChunks).
-  __device__ __forceinline__ static int row(int tid) { return tid / kLanes; }
-  __device__ __forceinline__ static int chunk(int tid) { return tid % kLanes; }
-};
-
-// acc + Σ a[e]·b[e] over the 8 16-bit elements of two chunks.
-template <class Element>
-__device__ __forceinline__ float dot_chunk(const uint4& a, const uint4& b, float acc) {
-  using Pair = std::conditional_t<std::is_same_v<Element, cutlass::half_t>, __half2, __nv_bfloat162>;
-  const Pair* x = reinterpret_cast<const Pair*>(&a);
-  const Pair* y = reinterpret_cast<const Pair*>(&b);
-  CUTE_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    float2 fx, fy;
-    if constexpr (std::is_same_v<Element, cutlass::half_t>) {
-      fx = __half22float2(x[i]);
-      fy = __half22float2(y[i]);
-    } else {
-      fx = __bfloat1622float2(x[i]);
-      fy = __bfloat1622float2(y[i]);
-    }
-    acc = fmaf(fx.x, fy.x, fmaf(fx.y, fy.y, acc));
-  }
-  return acc;
-}
-
-// ---- preprocess --------------------------------------------------------------------------
-// grid (ceil(seqlen_q / kBlockM), heads_q, batch): one CTA per query block of the main
-// kernel, so it also resets that block's deterministic turn counter. A batch of passes has
-// all its loads in flight before the first is used; the block's dQ accumulator chunk is
-// zeroed (16-byte stores by all threads) while the first batch's loads are in flight.
+// ---- preprocess and postprocess ----------------------------------------------------------
+// grid (ceil(seqlen_q / kBlockM), heads_q, batch): one CTA per query block of the main kernel.
 template <class Tr>
 __global__ void __launch_bounds__(kRowKernelThreads)
     bwd_preprocess_kernel(const __grid_constant__ BwdParams p, const BwdWorkspace ws) {
-  using Element = typename Tr::Element;
-  using Chunks = RowChunks<Tr>;
-  const int m_block = int(blockIdx.x), h = int(blockIdx.y), b = int(blockIdx.z);
-  const int tid = int(threadIdx.x), c = Chunks::chunk(tid);
-  if (ws.dq_turn != nullptr && tid == 0)
-    ws.dq_turn[(int64_t(b) * p.heads_q + h) * gridDim.x + m_block] = 0;
-  const cuda::SeqInfo seq = cuda::seq_info(p, b);
-  const int i0 = m_block * Tr::kBlockM;
-  const int rows = min(Tr::kBlockM, seq.len_q - i0);
-  if (rows <= 0) return;  // varlen: a shorter sequence; no barrier below
-  const int64_t ws_row0 = bwd_ws_row(p, seq, b, h) + i0;
-  const bool chunk_lane = c < Chunks::kChunks;
-  auto row_of = [&](int pass) { return Chunks::row(tid) + pass * Chunks::kRowsPerPass; };
-
-  // Passes in batches of up to 4 whose loads are in flight together (8 would hold 64
-  // registers of chunks and halve the CTAs an SM holds, at head dims 192 and 256).
-  constexpr int kBatch = Chunks::kPasses < 4 ? Chunks::kPasses : 4;
-  static_assert(Chunks::kPasses % kBatch == 0, "whole batches");
-  CUTE_UNROLL
-  for (int pass0 = 0; pass0 < Chunks::kPasses; pass0 += kBatch) {
-    uint4 dout_c[kBatch], o_c[kBatch];  // this lane's chunk of each pass's row
-    CUTE_UNROLL
-    for (int i = 0; i < kBatch; ++i) {
-      const int r = row_of(pass0 + i);
-      if (r < rows && chunk_lane) {
-        const int64_t row = seq.start_q + i0 + r;
-        const char* o = static_cast<const char*>(p.out) +
-                        (b * p.o_batch_stride + row * p.o_row_stride + h * p.o_head_stride) *
-                            int64_t(sizeof(Element));
-        const char* dout = static_cast<const char*>(p.dout) +
-                           (b * p.do_batch_stride + row * p.do_row_stride + h * p.do_head_stride) *
-                               int64_t(sizeof(Element));
-        o_c[i] = reinterpret_cast<const uint4*>(o)[c];
-        dout_c[i] = reinterpret_cast<const uint4*>(dout)[c];
-      } else {
-        o_c[i] = dout_c[i] = make_uint4(0, 0, 0, 0);
-      }
-    }
-    if (pass0 == 0) {  // the zeroing stores go out while the first loads are in flight
-      float4* dq = DqChunk<Tr>::at(p, ws, seq, b, h, i0);
-      for (int e = tid; e < DqChunk<Tr>::kFloats / 4; e += kRowKernelThreads)
-        dq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    CUTE_UNROLL
-    for (int i = 0; i < kBatch; ++i) {
-      float acc = dot_chunk<Element>(dout_c[i], o_c[i], 0.f);
-      CUTE_UNROLL
-      for (int off = Chunks::kLanes / 2; off > 0; off >>= 1)
-        acc += __shfl_xor_sync(0xffffffffu, acc, off);  // within the row's lane group
-      const int r = row_of(pass0 + i);
-      if (c == 0 && r < rows) {
-        const float lse =
-            p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.start_q + i0 + r];
-        ws.dsum[ws_row0 + r] = acc;
-        ws.lse_log2[ws_row0 + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-      }
-    }
-  }
+  row_stats<Tr>(p, ws);
 }
 
-// ---- postprocess -------------------------------------------------------------------------
-// grid (ceil(seqlen_q / kBlockM), heads_q, batch), the main kernel's kNThreads threads: thread
-// t reads the float4s it held in the main kernel (DqChunk: 512 contiguous bytes per warp
-// load), scales them (dS is unscaled) and rounds them to the dtype in the same dQ fragment
-// layout; the block leaves through shared memory as 16-byte row stores, rows past the
-// sequence's end skipped.
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kNThreads)
     bwd_postprocess_kernel(const __grid_constant__ BwdParams p, const BwdWorkspace ws) {
-  using Element = typename Tr::Element;
-  using BlkM = typename Tr::BlkM;
-  using HeadDim = typename Tr::HeadDim;
-  const int m_block = int(blockIdx.x), h = int(blockIdx.y), b = int(blockIdx.z);
-  const int tid = int(threadIdx.x);
-  const cuda::SeqInfo seq = cuda::seq_info(p, b);
-  const int i0 = m_block * Tr::kBlockM;
-  const int rows = min(Tr::kBlockM, seq.len_q - i0);
-  if (rows <= 0) return;  // varlen: a shorter sequence; the whole CTA leaves
-
-  typename Tr::TiledMmadQ mma_dq;
-  Tensor acc = partition_fragment_C(mma_dq, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D) fp32
-  static_assert(decltype(size(acc))::value == 4 * DqChunk<Tr>::kQuadsPerThread,
-                "the postprocess holds what the main kernel's thread held");
-  const float4* src = DqChunk<Tr>::at(p, ws, seq, b, h, i0) + tid;
-  CUTE_UNROLL
-  for (int j = 0; j < DqChunk<Tr>::kQuadsPerThread; ++j) {
-    const float4 v = src[j * Tr::kNThreads];  // the main kernel's dS came unscaled
-    acc(4 * j) = v.x * p.scale;
-    acc(4 * j + 1) = v.y * p.scale;
-    acc(4 * j + 2) = v.z * p.scale;
-    acc(4 * j + 3) = v.w * p.scale;
-  }
-  Tensor rdQ = round_to<Element>(acc);  // (MMA, MMA_M, MMA_D)
-
-  __shared__ __align__(128) Element smem_dq[cosize_v<typename Tr::SmemLayoutQdO>];
-  Tensor sdQ = make_tensor(make_smem_ptr(smem_dq), typename Tr::SmemLayoutQdO{});  // (BLK_M, D)
-  auto smem_copy = make_tiled_copy_C(typename Tr::SmemCopyAtomC{}, mma_dq);
-  auto smem_thr = smem_copy.get_thread_slice(tid);
-  copy(smem_copy, smem_thr.retile_S(rdQ), smem_thr.partition_D(sdQ));
-  __syncthreads();
-
-  Tensor gdQ = make_tensor(
-      make_gmem_ptr(static_cast<Element*>(p.dq) + b * p.dq_batch_stride +
-                    (seq.start_q + i0) * p.dq_row_stride + h * p.dq_head_stride),
-      Shape<BlkM, HeadDim>{}, make_stride(p.dq_row_stride, _1{}));  // (BLK_M, D)
-  typename Tr::GmemTiledCopydKV gmem_copy;
-  auto gmem_thr = gmem_copy.get_thread_slice(tid);
-  Tensor tdQsdQ = gmem_thr.partition_S(sdQ);  // (CPY, CPY_M, CPY_D)
-  Tensor tdQgdQ = gmem_thr.partition_D(gdQ);  // (CPY, CPY_M, CPY_D)
-  Tensor tdQcdQ = gmem_thr.partition_D(make_identity_tensor(Shape<BlkM, HeadDim>{}));
-  Tensor staged = make_tensor<Element>(shape(tdQgdQ));
-  copy(gmem_copy, tdQsdQ, staged);
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(tdQgdQ); ++m)
-    if (get<0>(tdQcdQ(0, m, 0)) < rows) copy(gmem_copy, staged(_, m, _), tdQgdQ(_, m, _));
-}
-
-// ---- scheduler ---------------------------------------------------------------------------
-// Keys [j0, j0 + keys) of batch entry b, KV head hk; the query blocks [m_begin, m_end) with
-// a row that sees one of them (an interval: both ends of a row's key range grow with the row).
-struct BwdBlock {
-  int b, hk, n_block, j0, keys;
-  int m_begin, m_end;
-  cuda::SeqInfo seq;
-};
-
-// Rows [i0, i1) that see keys [key_begin, key_end) of their sequence, as one range.
-struct RowBlock {
-  int i0, rows, key_begin, key_end;
-};
-
-template <class Tr>
-__device__ __forceinline__ RowBlock row_block(const MaskPolicy& mask, int m, int len_q,
-                                              int len_k) {
-  RowBlock r;
-  r.i0 = m * Tr::kBlockM;
-  r.rows = min(Tr::kBlockM, len_q - r.i0);
-  r.key_begin = mask.block_key_begin(r.i0, r.i0 + r.rows, len_q, len_k);
-  r.key_end = mask.block_key_end(r.i0, r.i0 + r.rows, len_q, len_k);
-  return r;
-}
-
-template <class Tr>
-__device__ __forceinline__ BwdBlock schedule_bwd(const BwdParams& p) {
-  BwdBlock blk;
-  blk.n_block = int(blockIdx.x);
-  blk.hk = int(blockIdx.y);
-  blk.b = int(blockIdx.z);
-  blk.seq = cuda::seq_info(p, blk.b);
-  const int len_q = blk.seq.len_q, len_k = blk.seq.len_k;
-  blk.j0 = blk.n_block * Tr::kBlockN;
-  blk.keys = min(Tr::kBlockN, len_k - blk.j0);
-  const int m_blocks = blk.keys > 0 ? (len_q + Tr::kBlockM - 1) / Tr::kBlockM : 0;
-  // Both ends of a block's key range grow with the block (MaskPolicy), so the blocks that
-  // see a key of [j0, j0 + keys) are those from the first whose range ends past j0 up to the
-  // first whose range begins at or past j0 + keys: two binary searches.
-  auto first_true = [](int lo, int hi, auto pred) {  // pred false, then true, on [lo, hi)
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (pred(mid))
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    return lo;
-  };
-  blk.m_begin = first_true(0, m_blocks, [&](int m) {
-    return row_block<Tr>(p.mask, m, len_q, len_k).key_end > blk.j0;
-  });
-  blk.m_end = first_true(blk.m_begin, m_blocks, [&](int m) {
-    return row_block<Tr>(p.mask, m, len_q, len_k).key_begin >= blk.j0 + blk.keys;
-  });
-  return blk;
-}
-
-// ---- mainloop helpers ----------------------------------------------------------------------
-// Zeroes the probabilities of (row, key) pairs the mask hides, and of keys at or past len_k.
-// p and coords are (rows, cols) views of the P accumulator and of the tile's identity tensor;
-// the tile starts at query row i0 and key j0.
-template <class P, class C>
-__device__ __forceinline__ void mask_probs(P& p, C const& coords, const MaskPolicy& mask, int i0,
-                                           int j0, int len_q, int len_k) {
-  CUTE_UNROLL
-  for (int r = 0; r < size<0>(p); ++r) {
-    const int i = i0 + get<0>(coords(r, 0));
-    const int lo = mask.key_begin(i, len_q, len_k) - j0;
-    const int hi = mask.key_end(i, len_q, len_k) - j0;
-    CUTE_UNROLL
-    for (int c = 0; c < size<1>(p); ++c) {
-      const int j = get<1>(coords(r, c));
-      if (j < lo || j >= hi) p(r, c) = 0.f;
-    }
-  }
-}
-
-// The dropout factor of each probability: 1/(1 − p) where kept, 0 where dropped.
-// keep (MMA, MMA_M, MMA_N) is shaped like the S accumulator; coords(0, m, n) is the
-// (row, key) of value 0 of this thread's m16n8 fragment (m, n), whose four values are the
-// four words of one Philox call (common/dropout.h).
-template <class Keep, class C>
-__device__ __forceinline__ void dropout_factors(Keep& keep, C const& coords,
-                                                const DropoutPolicy& d, uint32_t bh, int i0,
-                                                int j0) {
-  static_assert(decltype(size<0>(keep))::value == 4, "an m16n8 C fragment holds 4 values");
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(keep); ++m) {
-    CUTE_UNROLL
-    for (int n = 0; n < size<2>(keep); ++n) {
-      const Philox4 bits =
-          d.block_bits(bh, i0 + get<0>(coords(0, m, n)), j0 + get<1>(coords(0, m, n)));
-      CUTE_UNROLL
-      for (int v = 0; v < 4; ++v) keep(v, m, n) = bits.w[v] >= d.threshold ? d.rescale : 0.f;
-    }
-  }
-}
-
-// Device-scope acquire load and release add of a turn counter (deterministic mode).
-__device__ __forceinline__ int load_acquire(const int* ptr) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
-  return v;
-}
-__device__ __forceinline__ void add_release(int* ptr, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
-}
-
-// *dst += (a, b, c, d) in global memory (dst 16-byte aligned): one vector reduction on
-// sm_90, four scalar ones before. Written as `red` in PTX: atomicAdd on a vector compiles to
-// an ATOMG whose (unused) result the warp still waits for, a long-scoreboard stall per add.
-// No "memory" clobber: nothing in the kernel reads dQ back, and the deterministic mode's
-// fence and barrier order the adds before its turn is passed on.
-__device__ __forceinline__ void add_quad(float4* dst, float a, float b, float c, float d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "f"(a), "f"(b),
-               "f"(c), "f"(d));
-#else
-  float* f = reinterpret_cast<float*>(dst);
-  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(f), "f"(a));
-  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(f + 1), "f"(b));
-  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(f + 2), "f"(c));
-  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(f + 3), "f"(d));
-#endif
-}
-
-// v, made to depend on dep without changing it: v | (dep & zero) bitwise, where zero is 0 at
-// run time but unknown to the compiler (one LOP3). ptxas schedules an instruction as soon as
-// its operands allow, so dQ's reductions, whose values are ready before dK's product starts,
-// all issued at that product's first k-steps whatever the source order (the SASS: 8 of 8
-// at head dim 64, 16 of 16 at 256), queueing behind each other and holding their source
-// registers against the next loads. Tied to an accumulator of the k-step they follow, they
-// cannot issue before it.
-__device__ __forceinline__ float after(float v, float dep, uint32_t zero) {
-  return __uint_as_float(__float_as_uint(v) | (__float_as_uint(dep) & zero));
+  store_dq<Tr>(p, ws);
 }
 
 // ---- the kernel --------------------------------------------------------------------------
@@ -666,20 +319,9 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
       Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (rows, cols)
       Tensor dlogit = make_tensor_like(s);                                // (rows, cols)
       if constexpr (kSoftcap || kDropout) {
-        if (softcap) {
-          CUTE_UNROLL
-          for (int e = 0; e < size(s); ++e) {
-            s(e) = tanhf(s(e) * softcap_pre);
-            dlogit(e) = 1.f - s(e) * s(e);
-          }
-        }
+        if (softcap) softcap_scores(s, dlogit, softcap_pre);
       }
-      CUTE_UNROLL
-      for (int r = 0; r < kRowsS; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(s); ++c)
-          s(r, c) = exp2_approx(fmaf(s(r, c), scale_log2, -lse_log2[r]));
-      }
+      probs_from_lse(s, scale_log2, lse_log2);
       if (blk.keys < kBlockN || !mask.tile_is_full(i0, i0 + rows, j0, j0 + kBlockN, len_q, len_k))
         mask_probs(s, tScS_rc, mask, i0, j0, len_q, len_k);
       if constexpr (kStorePEarly) {  // its stores interleave with dP's products
@@ -701,20 +343,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
       Tensor keep = make_tensor_like(acc_s);                                  // (MMA, MMA_M, MMA_N)
       Tensor keep_rc = make_tensor(keep.data(), acc_rowcol(keep.layout()));   // (rows, cols)
       if constexpr (kDropout) dropout_factors(keep, tScS, p.dropout, bh, i0, j0);
-      CUTE_UNROLL
-      for (int r = 0; r < kRowsS; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(s); ++c) {
-          float dpv = dp(r, c);
-          if constexpr (kDropout) dpv *= keep_rc(r, c);
-          float ds = s(r, c) * (dpv - dsum[r]);
-          if constexpr (kSoftcap || kDropout) {
-            if (softcap) ds *= dlogit(r, c);
-          }
-          dp(r, c) = ds;
-          if constexpr (kDropout) s(r, c) *= keep_rc(r, c);
-        }
-      }
+      ds_from_dp<kDropout, kSoftcap || kDropout>(dp, s, keep_rc, dlogit, dsum, softcap);
       if constexpr (!kStorePEarly) {
         Tensor rP = round_to<Element>(acc_s);    // (MMA, MMA_M, MMA_N)
         copy(smem_copy_pds, smem_thr_pds.retile_S(rP), tPsP);
@@ -744,29 +373,16 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
       if (p.deterministic) {
         // Key blocks take turns on this query block, first key block first.
         turn = ws.dq_turn + (int64_t(blk.b) * p.heads_q + h) * m_blocks_all + m;
-        const int mine = blk.n_block - rb.key_begin / kBlockN;
-        if (tid == 0)
-          while (load_acquire(turn) != mine) {
-          }
-        __syncthreads();
+        wait_turn(turn, blk.n_block - rb.key_begin / kBlockN, tid);
       }
       // The reductions after k-step k wait for its first accumulator (acc_dk(0), m-tile 0
       // and n-tile 0 of mma_k_step's order): see after().
       gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, at_stage(tdKsQt, stage), copy_dkv_a,
               copy_dkv_b, [&](int k) {
-                const float dep = acc_dk(0);
-                CUTE_UNROLL
-                for (int j = k * kQuadsPerStep; j < (k + 1) * kQuadsPerStep && j < kQuads; ++j)
-                  add_quad(dq_chunk + j * Tr::kNThreads, after(acc_dq(4 * j), dep, opaque_zero),
-                           after(acc_dq(4 * j + 1), dep, opaque_zero),
-                           after(acc_dq(4 * j + 2), dep, opaque_zero),
-                           after(acc_dq(4 * j + 3), dep, opaque_zero));
+                add_dq_quads<kQuads, kQuadsPerStep, Tr::kNThreads>(dq_chunk, acc_dq, k, acc_dk(0),
+                                                                   opaque_zero);
               });
-      if (p.deterministic) {
-        __threadfence();
-        __syncthreads();  // every thread's adds are done (and visible) ...
-        if (tid == 0) add_release(turn, 1);  // ... before the next key block's turn
-      }
+      if (p.deterministic) pass_turn(turn, tid);
       if constexpr (Tr::kStagesQdO == 1) {
         __syncthreads();  // every warp is done with Q and dO: the next block's may land
         if (has_next) load_q_do(next_h, next_m, 0);
@@ -775,10 +391,12 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
       }
     }
   }
-
   // ---- epilogue ----
   // dK and dV: registers → shared (K's and V's bytes) → 16-byte global stores; keys that
-  // no row sees get 0.
+  // no row sees get 0. The stores are collective_common.cuh's store_rows written out: as a
+  // call (or this epilogue as a function in bwd_epilogue.cuh) ptxas allocated the kernel's
+  // registers differently (the plain kernel at head dim 128 spilled 24 bytes), so the kernel
+  // keeps them inline.
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.scale;  // dS came unscaled
   Tensor rdK = round_to<Element>(acc_dk);  // (MMA, MMA_N, MMA_D)
@@ -793,7 +411,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   typename Tr::GmemTiledCopydKV gmem_copy_dkv;
   auto gmem_thr_dkv = gmem_copy_dkv.get_thread_slice(tid);
   Tensor tdKVcdKV = gmem_thr_dkv.partition_D(make_identity_tensor(Shape<BlkN, HeadDim>{}));  // (CPY, CPY_N, CPY_D)
-  auto store_rows = [&](auto const& s_tile, auto& g_tile) {
+  auto store_tile = [&](auto const& s_tile, auto& g_tile) {
     Tensor src = gmem_thr_dkv.partition_S(s_tile);  // (CPY, CPY_N, CPY_D)
     Tensor dst = gmem_thr_dkv.partition_D(g_tile);  // (CPY, CPY_N, CPY_D)
     Tensor staged = make_tensor<Element>(shape(dst));
@@ -802,8 +420,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
     for (int n = 0; n < size<1>(dst); ++n)
       if (get<0>(tdKVcdKV(0, n, 0)) < blk.keys) copy(gmem_copy_dkv, staged(_, n, _), dst(_, n, _));
   };
-  store_rows(sdK, gdK);
-  store_rows(sdV, gdV);
+  store_tile(sdK, gdK);
+  store_tile(sdV, gdV);
 }
 
 // ---- launch ------------------------------------------------------------------------------
@@ -831,18 +449,13 @@ Status launch_bwd(const BwdParams& p, const BwdWorkspace& ws) {
   return {};
 }
 
-// The per-(dtype, head dim) entry points that bwd_dispatch.cu calls (bwd_instance.h); each
+// The per-(dtype, head dim) entry points that dispatch.cu calls (bwd_instance.h); each
 // instantiations/bwd_hdim*_*.cu file instantiates one.
 template <DType kDtype, int kHeadDim>
 Status BwdInstance<kDtype, kHeadDim>::run(const BwdParams& p) {
   using Config = BwdConfig<kDtype, kHeadDim>;
   using Tr = typename Config::Traits;
-  const BwdWorkspaceLayout l = bwd_workspace_layout(p, Tr::kBlockM);
-  char* base = static_cast<char*>(p.workspace);
-  const BwdWorkspace ws{reinterpret_cast<float*>(base + l.dq_accum),
-                        reinterpret_cast<float*>(base + l.dsum),
-                        reinterpret_cast<float*>(base + l.lse_log2),
-                        p.deterministic ? reinterpret_cast<int*>(base + l.dq_turn) : nullptr};
+  const BwdWorkspace ws = bwd_workspace(p, Tr::kBlockM);
   if (p.dropout.enabled()) return launch_bwd<Tr, false, true>(p, ws);
   if (p.mask.softcap > 0.f) return launch_bwd<Tr, true, false>(p, ws);
   if constexpr (Config::kHasLargeSmem) {

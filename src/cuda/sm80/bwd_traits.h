@@ -1,8 +1,9 @@
 // Every compile-time choice of the CuTe FlashAttention-2 backward (sm80 path) in one struct:
 // tile sizes, warps, the three tensor-core arrangements (one per shape of product), the
-// shared-memory layouts with their transposed views, and the copies. The kernel
-// (bwd_kernel.cuh) only composes what is named here; BwdConfig at the bottom is the table of
-// tile shapes per head dim.
+// shared-memory layouts with their transposed views, and the copies. The layers
+// (bwd_mainloop.cuh, bwd_softmax.cuh, bwd_epilogue.cuh, wired by bwd_kernel.cuh) only
+// compose what is named here; BwdConfig at the bottom is the table of tile shapes per head
+// dim.
 //
 // Shapes are written (rows, cols) with the contiguous dimension last, as in global memory:
 // Q and dO tiles are (kBlockM, kHeadDim), K and V tiles (kBlockN, kHeadDim), P and dS
@@ -10,33 +11,11 @@
 #pragma once
 
 #include <cute/tensor.hpp>
-#include <cutlass/numeric_types.h>
 
-#include "cuda/sm80/fwd_traits.h"  // MmaAtomFor, ElementFor
+#include "cuda/sm80/traits_common.h"
 #include "flashlab/flashlab.h"
 
 namespace flashlab::sm80 {
-
-using namespace cute;
-using cute::Tensor;
-
-// The (8, cols) swizzle atom of a tile whose rows hold `kCols` elements: 64-element
-// (128-byte) lines when they fit, else 32-element ones, the chunk index XOR-ed with the row
-// so that ldmatrix phases and cp.async phases hit different bank groups.
-template <int kCols>
-struct SwizzleAtom {
-  static constexpr int kLine = kCols % 64 == 0 ? 64 : 32;
-  static_assert(kCols % kLine == 0, "rows are whole swizzle lines");
-  using type = decltype(composition(Swizzle<kLine == 64 ? 3 : 2, 3, 3>{},
-                                    Layout<Shape<_8, Int<kLine>>, Stride<Int<kLine>, _1>>{}));
-};
-
-// A warp arrangement of m16n8k16 MMAs: kWarpsM × kWarpsN warps, each taking a 16 × 16 piece
-// of every tiled step (two 8-wide n-tiles, so one ldmatrix.x4 fetches a B k-step).
-template <class Element, int kWarpsM, int kWarpsN>
-using TiledMmaOf = TiledMMA<MMA_Atom<typename MmaAtomFor<Element>::type>,
-                            Layout<Shape<Int<kWarpsM>, Int<kWarpsN>, _1>>,  // (warps_M, warps_N, warps_K)
-                            Tile<Int<16 * kWarpsM>, Int<16 * kWarpsN>, _16>>;  // (M, N, K) of one step
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_,
           int kWarpsMSdP_, int kWarpsNdKV_, int kWarpsMdQ_, int kStagesQdO_,
@@ -98,9 +77,9 @@ struct BwdTraits {
   using SmemLayoutKtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutKt{}));
   using SmemLayoutPdStNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutPdSt{}));
 
-  // ldmatrix addresses of S = Q Kᵀ and dP = dO Vᵀ from one base per operand
-  // (fwd_kernel.cuh's gemm_ss_lines, sm80::line_address) where rows are 64-element lines:
-  // a warp's m-tiles are 16·kWarpsMSdP lines apart, its n-pairs 16·kWarpsNSdP.
+  // ldmatrix addresses of S = Q Kᵀ and dP = dO Vᵀ from one base per operand (gemm_ss_lines,
+  // collective_common.cuh) where rows are 64-element lines: a warp's m-tiles are
+  // 16·kWarpsMSdP lines apart, its n-pairs 16·kWarpsNSdP.
   static constexpr bool kLineAddressing = SwizzleAtom<kHeadDim>::kLine == 64;
   static constexpr int kLineBytes = 64 * int(sizeof(Element));
   static constexpr int kQdOBlockBytes = kBlockM * kLineBytes;  // between 64-column blocks

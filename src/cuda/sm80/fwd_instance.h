@@ -1,6 +1,6 @@
-// The boundary between the dispatch (fwd_dispatch.cu, no CuTe) and the kernel instantiations
-// (instantiations/fwd_hdim*_*.cu, one per dtype and head dim, so they compile in parallel
-// and rebuild alone). Defined in fwd_kernel.cuh.
+// The boundary between the dispatch (dispatch.cu, no CuTe) and the forward's kernel
+// instantiations (instantiations/fwd_hdim*_*.cu, one per dtype and head dim, so they compile
+// in parallel and rebuild alone). Defined in fwd_kernel.cuh.
 #pragma once
 
 #include "common/params.h"

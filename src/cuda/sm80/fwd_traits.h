@@ -1,47 +1,20 @@
 // Every compile-time choice of the CuTe FlashAttention-2 forward (sm80 path) in one struct:
 // tile sizes, warps, the tensor-core MMA, the shared-memory layouts and their swizzle, and
 // the copies that move tiles global → shared (cp.async), shared → registers (ldmatrix) and
-// registers → shared → global (the O epilogue). The kernel (fwd_kernel.cuh) only composes
-// what is named here; FwdConfig at the bottom is the table of tile shapes per head dim.
+// registers → shared → global (the O epilogue). The layers (fwd_mainloop.cuh,
+// fwd_softmax.cuh, fwd_epilogue.cuh, wired by fwd_kernel.cuh) only compose what is named
+// here; FwdConfig at the bottom is the table of tile shapes per head dim.
 //
 // Shapes are written (rows, cols) with the contiguous dimension last, as in global memory:
 // Q and O tiles are (kBlockM, kHeadDim), K and V tiles (kBlockN, kHeadDim).
 #pragma once
 
 #include <cute/tensor.hpp>
-#include <cutlass/numeric_types.h>
 
-#include "cuda/cute_common.cuh"
+#include "cuda/sm80/traits_common.h"
 #include "flashlab/flashlab.h"
 
 namespace flashlab::sm80 {
-
-using namespace cute;
-using cute::Tensor;  // not flashlab::Tensor (the public API's view)
-
-// The m16n8k16 tensor-core instruction for each 16-bit input type (fp32 accumulate).
-template <class Element>
-struct MmaAtomFor;
-template <>
-struct MmaAtomFor<cutlass::half_t> {
-  using type = SM80_16x8x16_F32F16F16F32_TN;
-};
-template <>
-struct MmaAtomFor<cutlass::bfloat16_t> {
-  using type = SM80_16x8x16_F32BF16BF16F32_TN;
-};
-
-using cuda::ElementFor;  // cuda/cute_common.cuh
-
-// The ldmatrix address of k-step k (16 elements along a 64-element swizzle line) from k-step
-// 0's, for a thread whose rows and 16-byte chunks are fixed: k-step k reads chunks 2k and
-// 2k + 1 of the line, the swizzle XORs the chunk index with the row (mod 8), and XOR
-// commutes with itself, so the address is addr0 ^ 32·(k mod 4); every 4 k-steps the next
-// 64-column block begins, block_bytes further. Needs 128-byte-aligned tiles (smem offsets
-// are multiples of the tile size).
-__host__ __device__ constexpr uint32_t line_address(uint32_t addr0, int k, int block_bytes) {
-  return (addr0 ^ uint32_t((k & 3) << 5)) + uint32_t((k >> 2) * block_bytes);
-}
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_,
           int kMinBlocksPerSm_>
@@ -68,20 +41,12 @@ struct FwdTraits {
   // The warps stack along M: warp w owns rows [16w, 16w + 16) of every 16·kNWarps rows, so
   // a row's scores, max and sum never leave its warp. The N extent of 16 lets one ldmatrix.x4
   // fetch the B fragments of two 8-wide n-tiles at once.
-  using TiledMma = TiledMMA<MMA_Atom<typename MmaAtomFor<Element>::type>,
-                            Layout<Shape<Int<kNWarps>, _1, _1>>,  // (warps_M, warps_N, warps_K)
-                            Tile<Int<16 * kNWarps>, _16, _16>>;   // (M, N, K) of one tiled step
+  using TiledMma = TiledMmaOf<Element, kNWarps, 1>;
 
   // ---- shared memory --------------------------------------------------------------------
-  // Rows are cut into 64-element (128-byte) swizzle lines when the head dim allows, else
-  // 32-element (64-byte) ones. Within each 8-row atom the 16-byte chunk index is XOR-ed with
-  // the row, so that the 8 rows one ldmatrix phase reads, and the chunks one cp.async phase
-  // writes, land in different bank groups.
-  static constexpr int kSwizzleCols = kHeadDim % 64 == 0 ? 64 : 32;
-  static constexpr int kSwizzleBits = kSwizzleCols == 64 ? 3 : 2;
-  using SmemLayoutAtom = decltype(composition(
-      Swizzle<kSwizzleBits, 3, 3>{},
-      Layout<Shape<_8, Int<kSwizzleCols>>, Stride<Int<kSwizzleCols>, _1>>{}));  // (8, 64|32)
+  // Rows of D elements in swizzle lines of 64 elements where the head dim allows, else 32.
+  static constexpr int kSwizzleCols = SwizzleAtom<kHeadDim>::kLine;
+  using SmemLayoutAtom = typename SwizzleAtom<kHeadDim>::type;  // (8, 64|32)
   using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<BlkM, HeadDim>{}));  // (BLK_M, D)
   using SmemLayoutKV = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<BlkN, HeadDim>{}));  // (BLK_N, D)
   // V read as Vᵀ, the B operand of O = P V: (D, BLK_N) over the same bytes as sV.
@@ -90,10 +55,10 @@ struct FwdTraits {
   using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));  // fragment shape only
   using SmemLayoutO = SmemLayoutQ;  // O is staged in Q's smem: (BLK_M, D)
 
-  // ldmatrix addresses of S = Q Kᵀ from one base per operand (line_address above), where
-  // rows are 64-element (128-byte) swizzle lines. Q's tile is 64-column blocks of BLK_M
-  // lines, K's of BLK_N lines; a warp's m-tiles are 16·kNWarps rows apart (the warps stack
-  // along M) and one x4 load of K covers 16 keys.
+  // ldmatrix addresses of S = Q Kᵀ from one base per operand (line_address,
+  // traits_common.h), where rows are 64-element (128-byte) swizzle lines. Q's tile is
+  // 64-column blocks of BLK_M lines, K's of BLK_N lines; a warp's m-tiles are 16·kNWarps rows
+  // apart (the warps stack along M) and one x4 load of K covers 16 keys.
   static constexpr bool kLineAddressing = kSwizzleCols == 64;
   static constexpr int kLineBytes = kSwizzleCols * int(sizeof(Element));
   static constexpr int kQBlockBytes = kBlockM * kLineBytes;      // between 64-column blocks

@@ -62,7 +62,7 @@ void expect_rule(std::string_view name, const std::vector<double>& kernel,
   EXPECT_LE(e32.value, yardstick_cap(DType::kF32, oracle))
       << name << ": the yardstick in fp32 strays from the oracle by " << describe(e32)
       << "; they disagree on what attention computes here, so the rule would prove nothing";
-  EXPECT_TRUE(within_rule(name, ek, el));
+  EXPECT_TRUE(within_rule(name, ek, el, magnitude_of(oracle)));
 }
 
 // The inputs' bytes before the run, to prove the kernel did not write them.

@@ -225,20 +225,30 @@ std::string describe(const MaxError& e) {
   return s.str();
 }
 
+double magnitude_of(const std::vector<double>& oracle) {
+  double magnitude = 1.0;
+  for (double x : oracle)
+    if (std::isfinite(x)) magnitude = std::max(magnitude, std::abs(x));
+  return magnitude;
+}
+
+double rule_bound(const MaxError& lowp, double magnitude) {
+  return kErrFactor * lowp.value + kErrSlack * std::max(1.0, magnitude);
+}
+
 ::testing::AssertionResult within_rule(std::string_view name, const MaxError& kernel,
-                                       const MaxError& lowp) {
-  const double bound = kErrFactor * lowp.value + kErrSlack;
+                                       const MaxError& lowp, double magnitude) {
+  const double bound = rule_bound(lowp, magnitude);
   if (std::isfinite(kernel.value) && kernel.value <= bound)
     return ::testing::AssertionSuccess() << name << " ok";
   return ::testing::AssertionFailure()
          << name << ": max abs error vs the fp64 oracle " << describe(kernel) << " > bound "
-         << bound << " = 2 x low-precision path's " << describe(lowp) << " + 1e-5";
+         << bound << " = 2 x low-precision path's " << describe(lowp) << " + 1e-5 x "
+         << std::max(1.0, magnitude);
 }
 
 double yardstick_cap(DType dtype, const std::vector<double>& oracle) {
-  double magnitude = 1.0;
-  for (double x : oracle)
-    if (std::isfinite(x)) magnitude = std::max(magnitude, std::abs(x));
+  const double magnitude = magnitude_of(oracle);
   // Far above what rounding gives (fp16 ~1e-3, bf16 ~1e-2 relative), far below the O(1)
   // error of computing something else.
   switch (dtype) {

@@ -15,10 +15,19 @@ namespace flashlab::cuda {
 // that tensor-core MMAs take.
 enum class Inputs { kFloat, kHalf };
 
+// The largest |softmax_scale| a CUDA kernel takes. Their scores, scaled by log2(e), are fp32:
+// far above any model's scale (1/sqrt(head_dim), or a softcap's ~50) they overflow or lose
+// the row's spread, while the CPU kernels take any finite scale (cpu_flash switches to a
+// double-precision path above 2^16).
+inline constexpr float kMaxCudaScale = 1024.f;
+
 // The tensors are CUDA tensors of a dtype the kernel takes (`engine` names what needs fp16/bf16,
-// e.g. "the m16n8k16 tensor-core MMA").
+// e.g. "the m16n8k16 tensor-core MMA"), and the scale is one fp32 scores can carry.
 inline std::string refuse_placement(const AttnParams& p, Inputs inputs, const char* engine = "") {
   if (p.device != Device::kCUDA) return "runs on CUDA tensors only";
+  if (!(p.scale <= kMaxCudaScale && p.scale >= -kMaxCudaScale))
+    return "|softmax_scale| must be <= 1024 on CUDA kernels (fp32 scores; the CPU kernels take "
+           "any finite scale), got " + std::to_string(p.scale);
   if (inputs == Inputs::kFloat) {
     if (p.dtype == DType::kF64) return "fp64 is not supported (fp32, fp16, bf16 are)";
     return "";

@@ -18,12 +18,21 @@ constexpr size_t kCount = 0
 #undef FL_KERNEL
     ;
 
+// The entries as their files define them; a pass exists where its run() does, so the info's
+// has_forward / has_backward are filled in here rather than written twice in every entry.
 const std::array<KernelEntry, kCount>& table() noexcept {
-  static const std::array<KernelEntry, kCount> entries = {
+  static const std::array<KernelEntry, kCount> entries = [] {
+    std::array<KernelEntry, kCount> a = {
 #define FL_KERNEL(f) f(),
 #include "kernel_list.h"
 #undef FL_KERNEL
-  };
+    };
+    for (KernelEntry& e : a) {
+      e.info.has_forward = e.run_fwd != nullptr;
+      e.info.has_backward = e.run_bwd != nullptr;
+    }
+    return a;
+  }();
   return entries;
 }
 

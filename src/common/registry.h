@@ -12,7 +12,7 @@
 namespace flashlab {
 
 struct KernelEntry {
-  KernelInfo info;
+  KernelInfo info;  // has_forward / has_backward are filled in by the registry from run_*
   // Higher wins when the caller asks for "auto"; 0 = never chosen automatically.
   int auto_priority = 0;
 

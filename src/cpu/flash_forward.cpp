@@ -149,19 +149,13 @@ std::string flash_supports_bwd(const BwdParams& p) { return flash_supports(p); }
 namespace flashlab {
 
 KernelEntry cpu_flash_entry() {
-  return {.info = {.name = "cpu_flash",
-                   .arch = "cpu",
-                   .summary = "FlashAttention-2 on the CPU: fp32 tiles, online softmax, O(tile) "
-                              "memory, backward recomputed from LSE; fp32/fp16/bf16, head dims up "
-                              "to 512, every mask, GQA, varlen",
-                   .has_forward = true,
-                   .has_backward = true},
-          .auto_priority = 10,
-          .supports_fwd = cpu::flash_supports_fwd,
-          .workspace_fwd = cpu::flash_fwd_workspace,
-          .run_fwd = cpu::flash_fwd,
-          .supports_bwd = cpu::flash_supports_bwd,
-          .workspace_bwd = cpu::flash_bwd_workspace,
+  return {.info = {"cpu_flash", "cpu",
+                   "FlashAttention-2 on the CPU: fp32 tiles, online softmax, O(tile) memory, "
+                   "backward recomputed from LSE; fp32/fp16/bf16, head dims up to 512, every mask, "
+                   "GQA, varlen"},
+          .auto_priority = 10, .supports_fwd = cpu::flash_supports_fwd,
+          .workspace_fwd = cpu::flash_fwd_workspace, .run_fwd = cpu::flash_fwd,
+          .supports_bwd = cpu::flash_supports_bwd, .workspace_bwd = cpu::flash_bwd_workspace,
           .run_bwd = cpu::flash_bwd};
 }
 

@@ -241,18 +241,12 @@ std::string ref_supports_bwd(const BwdParams& p) { return ref_supports(p, ref_bw
 KernelEntry cpu_reference_entry() {
   return {.info = {.name = "cpu_reference",
                    .arch = "cpu",
-                   .summary = "fp64 textbook attention: materializes S = QKᵀ per head; every mask, "
-                              "GQA, varlen, dropout; forward and backward",
-                   .has_forward = true,
-                   .has_backward = true,
+                   .summary = "fp64 textbook attention: materializes S = QKᵀ per head; every "
+                              "mask, GQA, varlen, dropout; forward and backward",
                    .forward_dropout = true,
                    .backward_dropout = true},
-          .auto_priority = 1,
-          .supports_fwd = ref_supports_fwd,
-          .workspace_fwd = ref_fwd_workspace,
-          .run_fwd = ref_fwd,
-          .supports_bwd = ref_supports_bwd,
-          .workspace_bwd = ref_bwd_workspace,
+          .auto_priority = 1, .supports_fwd = ref_supports_fwd, .workspace_fwd = ref_fwd_workspace,
+          .run_fwd = ref_fwd, .supports_bwd = ref_supports_bwd, .workspace_bwd = ref_bwd_workspace,
           .run_bwd = ref_bwd};
 }
 

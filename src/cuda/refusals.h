@@ -20,6 +20,9 @@ enum class Inputs { kFloat, kHalf };
 // the row's spread, while the CPU kernels take any finite scale (cpu_flash switches to a
 // double-precision path above 2^16).
 inline constexpr float kMaxCudaScale = 1024.f;
+// The largest softcap a CUDA kernel takes (models use 30 to 50): their softcap path scales
+// fp32 scores by softcap·log2(e), which overflows near 2.4e38.
+inline constexpr float kMaxCudaSoftcap = 65536.f;
 
 // The tensors are CUDA tensors of a dtype the kernel takes (`engine` names what needs fp16/bf16,
 // e.g. "the m16n8k16 tensor-core MMA"), and the scale is one fp32 scores can carry.
@@ -28,6 +31,9 @@ inline std::string refuse_placement(const AttnParams& p, Inputs inputs, const ch
   if (!(p.scale <= kMaxCudaScale && p.scale >= -kMaxCudaScale))
     return "|softmax_scale| must be <= 1024 on CUDA kernels (fp32 scores; the CPU kernels take "
            "any finite scale), got " + std::to_string(p.scale);
+  if (p.mask.softcap > kMaxCudaSoftcap)
+    return "softcap must be <= 65536 on CUDA kernels (softcap·log2(e) scales fp32 scores; the "
+           "CPU kernels take any finite softcap), got " + std::to_string(p.mask.softcap);
   if (inputs == Inputs::kFloat) {
     if (p.dtype == DType::kF64) return "fp64 is not supported (fp32, fp16, bf16 are)";
     return "";

@@ -107,8 +107,11 @@ __global__ void output_kernel(const FwdParams p, const float* P) {
   const float* row = P + (int64_t(bh) * p.seqlen_q + i) * p.seqlen_k;
   const T* v = static_cast<const T*>(p.v) + b * p.v_batch_stride + s.start_k * p.v_row_stride +
                hk * p.v_head_stride + d;
+  // Only the keys the row sees: a masked key's P is 0, and 0 · NaN would carry a NaN or Inf
+  // in its V into the row.
+  const int j0 = p.mask.key_begin(i, s.len_q, s.len_k), j1 = p.mask.key_end(i, s.len_q, s.len_k);
   float acc = 0.f;
-  for (int j = 0; j < s.len_k; ++j) acc += row[j] * to_float(v[j * p.v_row_stride]);
+  for (int j = j0; j < j1; ++j) acc += row[j] * to_float(v[j * p.v_row_stride]);
   T* o = static_cast<T*>(p.out) + b * p.o_batch_stride + (s.start_q + i) * p.o_row_stride +
          h * p.o_head_stride;
   o[d] = from_float<T>(acc);
@@ -158,17 +161,11 @@ Status run(const FwdParams& p) {
 namespace flashlab {
 
 KernelEntry naive_entry() {
-  return {.info = {.name = "naive",
-                   .arch = "sm80+",
-                   .summary = "rung 1: three kernels (QKᵀ, softmax, PV) through an O(seqlen²) fp32 "
-                              "score matrix in HBM; fp32/fp16/bf16, every mask, GQA, varlen; "
-                              "forward only",
-                   .has_forward = true,
-                   .has_backward = false},
-          .auto_priority = 0,  // a teaching rung: only run when named
-          .supports_fwd = cuda::supports,
-          .workspace_fwd = cuda::workspace,
-          .run_fwd = cuda::run};
+  // auto_priority 0 (the default): a teaching rung, run only when named.
+  return {.info = {"naive", "sm80+",
+                   "rung 1: three kernels (QKᵀ, softmax, PV) through an O(seqlen²) fp32 score "
+                   "matrix in HBM; fp32/fp16/bf16, every mask, GQA, varlen; forward only"},
+          .supports_fwd = cuda::supports, .workspace_fwd = cuda::workspace, .run_fwd = cuda::run};
 }
 
 }  // namespace flashlab

@@ -188,7 +188,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kHeadDim))
 #pragma unroll
         for (int c = 0; c < kKeysPerThread; ++c) s[r][c] = mask.logit(s[r][c] * p.scale);
       // Per-element mask only where the block is cut for this warp's rows (warp-uniform).
-      if (j0 + kBlockN > len_k || !mask.tile_is_full(wi0, wi1, j0, j0 + kBlockN, len_q, len_k)) {
+      const bool cut =
+          j0 + kBlockN > len_k || !mask.tile_is_full(wi0, wi1, j0, j0 + kBlockN, len_q, len_k);
+      if (cut) {
 #pragma unroll
         for (int r = 0; r < kRowsPerThread; ++r) {
           // Keys row i sees, shifted to this thread's first key j0 + key0; clamped to
@@ -268,7 +270,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kHeadDim))
       for (int r = 0; r < kRowsPerThread; ++r)
 #pragma unroll
         for (int sl = 0; sl < kSlabs; ++sl) pv[r][sl] = make_float4(0.f, 0.f, 0.f, 0.f);
-      accumulate_pv<kHeadDim>(p_tile, v_tile, row0, t, pv);
+      if (cut)
+        accumulate_pv<kHeadDim, true>(p_tile, v_tile, row0, t, pv);
+      else
+        accumulate_pv<kHeadDim, false>(p_tile, v_tile, row0, t, pv);
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r) {
         const int i = i0 + row0 + r;
@@ -367,18 +372,12 @@ Status run(const FwdParams& p) {
 namespace flashlab {
 
 KernelEntry fa1_entry() {
-  return {.info = {.name = "fa1",
-                   .arch = "sm80+",
-                   .summary = "rung 2: FlashAttention-1's Algorithm 1 on CUDA cores: K/V blocks "
-                              "outside, Q blocks inside, running O/m/ℓ through an O(seqlen) fp32 "
-                              "workspace in HBM; fp32/fp16/bf16, head dims <= 256, every mask, GQA,"
-                              " varlen; forward only",
-                   .has_forward = true,
-                   .has_backward = false},
-          .auto_priority = 0,  // a teaching rung: only run when named
-          .supports_fwd = cuda::supports,
-          .workspace_fwd = cuda::workspace,
-          .run_fwd = cuda::run};
+  // auto_priority 0 (the default): a teaching rung, run only when named.
+  return {.info = {"fa1", "sm80+",
+                   "rung 2: FlashAttention-1's Algorithm 1 on CUDA cores: K/V blocks outside, Q "
+                   "blocks inside, running O/m/ℓ through an O(seqlen) fp32 workspace in HBM; "
+                   "fp32/fp16/bf16, head dims <= 256, every mask, GQA, varlen; forward only"},
+          .supports_fwd = cuda::supports, .workspace_fwd = cuda::workspace, .run_fwd = cuda::run};
 }
 
 }  // namespace flashlab

@@ -136,7 +136,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kHeadDim))
         for (int c = 0; c < kKeysPerThread; ++c) s[r][c] *= p.scale_log2;
     }
     // Per-element mask only where the tile is cut for this warp's rows (warp-uniform).
-    if (j0 + kBlockN > len_k || !mask.tile_is_full(wi0, wi1, j0, j0 + kBlockN, len_q, len_k)) {
+    const bool cut =
+        j0 + kBlockN > len_k || !mask.tile_is_full(wi0, wi1, j0, j0 + kBlockN, len_q, len_k);
+    if (cut) {
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r) {
         // Keys row i sees, shifted to this thread's first key j0 + key0; clamped to len_k,
@@ -183,7 +185,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kHeadDim))
       *reinterpret_cast<float4*>(p_tile + (row0 + r) * kBlockN + p_col) =
           make_float4(s[r][0], s[r][1], s[r][2], s[r][3]);
     __syncwarp();
-    accumulate_pv<kHeadDim>(p_tile, v_tile, row0, t, o);
+    if (cut)
+      accumulate_pv<kHeadDim, true>(p_tile, v_tile, row0, t, o);
+    else
+      accumulate_pv<kHeadDim, false>(p_tile, v_tile, row0, t, o);
   }
 
   // Epilogue: ℓ over the row group, O /= ℓ once, LSE = (m + log2 ℓ)·ln 2, one write each.
@@ -243,17 +248,12 @@ Status run(const FwdParams& p) {
 namespace flashlab {
 
 KernelEntry fa2_simt_entry() {
-  return {.info = {.name = "fa2_simt",
-                   .arch = "sm80+",
-                   .summary = "rung 3: FlashAttention-2 forward on CUDA cores: a block owns 64 "
-                              "query rows, O/m/ℓ in registers, lazy rescaling, exp2, masked tiles "
-                              "skipped; fp32/fp16/bf16, head dims <= 256, every mask, GQA, varlen; "
-                              "forward only",
-                   .has_forward = true,
-                   .has_backward = false},
-          .auto_priority = 20,  // auto's GPU fallback: fp32 and head dims fa2_mma does not cover
-          .supports_fwd = cuda::supports,
-          .run_fwd = cuda::run};
+  // auto's GPU fallback: fp32 and head dims fa2_mma does not cover
+  return {.info = {"fa2_simt", "sm80+",
+                   "rung 3: FlashAttention-2 forward on CUDA cores: a block owns 64 query rows, "
+                   "O/m/ℓ in registers, lazy rescaling, exp2, masked tiles skipped; fp32/fp16/bf16,"
+                   " head dims <= 256, every mask, GQA, varlen; forward only"},
+          .auto_priority = 20, .supports_fwd = cuda::supports, .run_fwd = cuda::run};
 }
 
 }  // namespace flashlab

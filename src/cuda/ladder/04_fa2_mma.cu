@@ -584,17 +584,12 @@ Status run(const FwdParams& p) {
 namespace flashlab {
 
 KernelEntry fa2_mma_entry() {
-  return {.info = {.name = "fa2_mma",
-                   .arch = "sm80+",
-                   .summary = "rung 4: FlashAttention-2 forward on tensor cores by hand: mma.sync "
-                              "m16n8k16, ldmatrix, cp.async double-buffered K/V, swizzled smem, P "
-                              "in registers; fp16/bf16, head dim 64/128, every mask, GQA, varlen; "
-                              "forward only",
-                   .has_forward = true,
-                   .has_backward = false},
-          .auto_priority = 30,  // auto's GPU forward until the production (CuTe) kernels land
-          .supports_fwd = cuda::supports,
-          .run_fwd = cuda::run};
+  // auto's GPU forward where no CuTe kernel takes the call (priority below cute_fa2's 40)
+  return {.info = {"fa2_mma", "sm80+",
+                   "rung 4: FlashAttention-2 forward on tensor cores by hand: mma.sync m16n8k16, "
+                   "ldmatrix, cp.async double-buffered K/V, swizzled smem, P in registers; "
+                   "fp16/bf16, head dim 64/128, every mask, GQA, varlen; forward only"},
+          .auto_priority = 30, .supports_fwd = cuda::supports, .run_fwd = cuda::run};
 }
 
 }  // namespace flashlab

@@ -510,17 +510,13 @@ Status run(const BwdParams& p) {
 namespace flashlab {
 
 KernelEntry fa2_simt_bwd_entry() {
-  return {.info = {.name = "fa2_simt_bwd",
-                   .arch = "sm80+",
-                   .summary = "rung 5: FlashAttention-2 backward on CUDA cores: D = rowsum(dO∘O), "
-                              "key-block-parallel main loop recomputing P from LSE, dQ through fp32"
-                              " atomics, dK/dV written once; fp32/fp16/bf16, head dims <= 128, "
-                              "every mask, GQA, varlen; backward only",
-                   .has_forward = false,
-                   .has_backward = true},
-          .auto_priority = 20,  // auto's GPU backward until the production (CuTe) kernels land
-          .supports_bwd = cuda::supports,
-          .workspace_bwd = cuda::workspace,
+  // auto's GPU backward where cute_fa2 does not take the call (priority below its 40)
+  return {.info = {"fa2_simt_bwd", "sm80+",
+                   "rung 5: FlashAttention-2 backward on CUDA cores: D = rowsum(dO∘O), "
+                   "key-block-parallel main loop recomputing P from LSE, dQ through fp32 atomics, "
+                   "dK/dV written once; fp32/fp16/bf16, head dims <= 128, every mask, GQA, varlen; "
+                   "backward only"},
+          .auto_priority = 20, .supports_bwd = cuda::supports, .workspace_bwd = cuda::workspace,
           .run_bwd = cuda::run};
 }
 

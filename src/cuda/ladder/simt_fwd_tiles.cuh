@@ -182,8 +182,10 @@ __device__ __forceinline__ void tile_scores(const float* qt_tile, const float* k
 }
 
 // o[r][s] += Σ_k P[row0 + r][k] · V[k][64s + 4t .. 64s + 4t + 3]: per 4 keys, 4 float4
-// loads of P (one per row) and 4·kSlabs of V feed 64·kSlabs FMAs.
-template <int kHeadDim>
+// loads of P (one per row) and 4·kSlabs of V feed 64·kSlabs FMAs. On a tile the mask cuts
+// (kCut), a key with P = 0 is skipped rather than multiplied: a NaN or Inf in a masked key's
+// V must not reach the row (0 · NaN is NaN). Full tiles take the plain FMAs.
+template <int kHeadDim, bool kCut>
 __device__ __forceinline__ void accumulate_pv(const float* p_tile, const float* v_tile, int row0,
                                               int t, float4 (&o)[kRowsPerThread][kHeadDim / 64]) {
   constexpr int kSlabs = kHeadDim / kSlabChannels;
@@ -201,7 +203,10 @@ __device__ __forceinline__ void accumulate_pv(const float* p_tile, const float* 
       for (int s = 0; s < kSlabs; ++s) {
         const float4 vv = load_float4(v + (k + kk) * kHeadDim + s * kSlabChannels);
 #pragma unroll
-        for (int r = 0; r < kRowsPerThread; ++r) axpy4(o[r][s], comp(pv[r], kk), vv);
+        for (int r = 0; r < kRowsPerThread; ++r) {
+          const float a = comp(pv[r], kk);
+          if (!kCut || a != 0.f) axpy4(o[r][s], a, vv);
+        }
       }
   }
 }

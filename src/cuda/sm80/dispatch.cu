@@ -115,22 +115,21 @@ Status run_bwd(const BwdParams& p) {
 namespace flashlab {
 
 KernelEntry cute_fa2_entry() {
-  KernelEntry e;
-  e.info = {"cute_fa2", "sm80+",
-            "CuTe FlashAttention-2 (sm80 path): TiledMMA m16n8k16, cp.async, swizzled smem, "
-            "ldmatrix; forward with P in registers, backward with dQ in fp32 atomics "
-            "(deterministic on request); fp16/bf16, head dim 64/96/128/192/256, causal, "
-            "window, softcap, GQA/MQA, varlen, LSE, dropout",
-            true, true};
-  e.auto_priority = 40;  // auto's GPU forward and backward: above fa2_mma (30), fa2_simt_bwd (20)
-  e.supports_fwd = sm80::supports_fwd;
-  e.run_fwd = sm80::run_fwd;
-  e.info.forward_dropout = true;  // Philox mask of common/dropout.h, one call per fragment
-  e.supports_bwd = sm80::supports_bwd;
-  e.workspace_bwd = sm80::workspace_bwd;
-  e.run_bwd = sm80::run_bwd;
-  e.info.backward_dropout = true;  // regenerates the forward's Philox mask per fragment
-  return e;
+  // auto's GPU forward and backward: above fa2_mma (30) and fa2_simt_bwd (20). Both passes
+  // take dropout: the forward applies common/dropout.h's Philox mask per fragment, the
+  // backward regenerates it.
+  return {.info = {.name = "cute_fa2",
+                   .arch = "sm80+",
+                   .summary = "CuTe FlashAttention-2 (sm80 path): TiledMMA m16n8k16, cp.async, "
+                              "swizzled smem, ldmatrix; forward with P in registers, backward with "
+                              "dQ in fp32 atomics (deterministic on request); fp16/bf16, head dim "
+                              "64/96/128/192/256, causal, window, softcap, GQA/MQA, varlen, LSE, "
+                              "dropout",
+                   .forward_dropout = true,
+                   .backward_dropout = true},
+          .auto_priority = 40, .supports_fwd = sm80::supports_fwd, .run_fwd = sm80::run_fwd,
+          .supports_bwd = sm80::supports_bwd, .workspace_bwd = sm80::workspace_bwd,
+          .run_bwd = sm80::run_bwd};
 }
 
 }  // namespace flashlab

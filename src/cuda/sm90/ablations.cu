@@ -64,13 +64,11 @@ template <Schedule kSchedule>
 KernelEntry ablation_entry() {
   constexpr Ablation kAblation = ablation<kSchedule>();
   static_assert(kAblation.name != nullptr, "kAblations has no entry for this schedule");
-  KernelEntry e;
-  e.info = {kAblation.name, "sm90a", kAblation.summary, true, false};
-  e.supports_fwd = supports<kSchedule>;
-  e.run_fwd = run<kSchedule>;
-  if constexpr (kSchedule == Schedule::kPersistent) e.workspace_fwd = persistent_workspace;
-  e.auto_priority = 0;  // never auto's pick
-  return e;
+  // auto_priority 0 (the default): never auto's pick.
+  return {.info = {kAblation.name, "sm90a", kAblation.summary},
+          .supports_fwd = supports<kSchedule>,
+          .workspace_fwd = kSchedule == Schedule::kPersistent ? persistent_workspace : nullptr,
+          .run_fwd = run<kSchedule>};
 }
 
 }  // namespace

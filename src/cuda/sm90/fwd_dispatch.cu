@@ -122,18 +122,14 @@ Status run_instance(const FwdParams& p, const Instance& in) {
 namespace flashlab {
 
 KernelEntry cute_fa3_entry() {
-  KernelEntry e;
-  e.info = {"cute_fa3", "sm90a",
-            "CuTe Hopper forward (sm_90a): TMA loads into K/V rings on mbarriers, wgmma "
-            "(S = Q K^T from shared memory, O += P V with P in registers), one producer and "
-            "two consumer warpgroups (three at head dim 64) with setmaxnreg, pingpong, "
-            "intra-warpgroup overlap, lazy rescaling; fp16/bf16, head dim 64/128/256, causal, "
-            "window, softcap, GQA/MQA, varlen, LSE",
-            true, false};
-  e.auto_priority = 50;  // auto's GPU forward on sm90: above cute_fa2 (40)
-  e.supports_fwd = sm90::supports;
-  e.run_fwd = sm90::run;
-  return e;
+  // auto's GPU forward on sm90: above cute_fa2 (40)
+  return {.info = {"cute_fa3", "sm90a",
+                   "CuTe Hopper forward (sm_90a): TMA loads into K/V rings on mbarriers, wgmma (S = "
+                   "Q K^T from shared memory, O += P V with P in registers), one producer and two "
+                   "consumer warpgroups (three at head dim 64) with setmaxnreg, pingpong, "
+                   "intra-warpgroup overlap, lazy rescaling; fp16/bf16, head dim 64/128/256, "
+                   "causal, window, softcap, GQA/MQA, varlen, LSE"},
+          .auto_priority = 50, .supports_fwd = sm90::supports, .run_fwd = sm90::run};
 }
 
 }  // namespace flashlab

@@ -123,7 +123,10 @@ void* Storage::where() const {
 bool Storage::upload() {
 #if FLASHLAB_WITH_CUDA
   if (device_ != Device::kCUDA || bytes_ == 0) return error_.empty();
-  const cudaError_t err = cudaMemcpy(device_ptr_, host_.get(), bytes_, cudaMemcpyHostToDevice);
+  // A copy from pageable memory may return before the device has the data, and the kernels
+  // run on a non-blocking stream that does not wait for the legacy one.
+  cudaError_t err = cudaMemcpy(device_ptr_, host_.get(), bytes_, cudaMemcpyHostToDevice);
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
   if (err != cudaSuccess) error_ = std::string("upload: ") + cudaGetErrorString(err);
 #endif
   return error_.empty();

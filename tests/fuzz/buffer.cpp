@@ -104,7 +104,8 @@ Storage::Storage(size_t bytes, Device device)
     const cudaError_t err = cudaMalloc(&device_ptr_, bytes_);
     if (err != cudaSuccess) {
       device_ptr_ = nullptr;
-      error_ = std::string("cudaMalloc(") + std::to_string(bytes_) + "): " + cudaGetErrorString(err);
+      error_ =
+          std::string("cudaMalloc(") + std::to_string(bytes_) + "): " + cudaGetErrorString(err);
     }
   }
 #endif

@@ -30,10 +30,10 @@ struct Layout {
 
   int rank() const { return int(shape.size()); }
   int64_t numel() const;
-  int64_t span() const;               // last reachable offset + 1; 0 when empty
+  int64_t span() const;                  // last reachable offset + 1; 0 when empty
   std::vector<int64_t> offsets() const;  // of each logical element, in row-major order
   bool contiguous() const;
-  std::string describe() const;       // "[2,5,3,8]/[120,24,8,1]"
+  std::string describe() const;  // "[2,5,3,8]/[120,24,8,1]"
 };
 
 Layout contiguous(std::vector<int64_t> shape);
@@ -89,15 +89,15 @@ class Buf {
   size_t span_bytes() const;
 
   Tensor view(Device device, int device_index) const;
-  double get(int64_t i) const;     // logical element i, from the host copy
-  void set(int64_t i, double x);   // rounded to the dtype
+  double get(int64_t i) const;    // logical element i, from the host copy
+  void set(int64_t i, double x);  // rounded to the dtype
   // Random nonzero values in every element of the span, unseen padding included.
   void fill_random(std::mt19937_64& rng);
-  void set_unseen(double x);       // the span's elements that the view does not see
-  void poison();                   // 0xff over the span
+  void set_unseen(double x);             // the span's elements that the view does not see
+  void poison();                         // 0xff over the span
   bool is_poison(int64_t offset) const;  // element at this offset from the view's start
   int64_t offset(int64_t i) const { return offsets_[size_t(i)]; }  // of logical element i
-  std::vector<bool> seen() const;  // per element of the span
+  std::vector<bool> seen() const;                                  // per element of the span
   std::vector<std::byte> span_copy() const;
 
   std::vector<double> values() const;  // logical, row-major

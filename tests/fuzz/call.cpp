@@ -5,9 +5,8 @@
 namespace flashlab::fuzz {
 
 const char* slot_name(int slot) {
-  static const char* const kNames[kSlots] = {"cu_seqlens_q", "cu_seqlens_k", "q",  "k",
-                                             "v",            "dout",         "out", "lse",
-                                             "dq",           "dk",           "dv"};
+  static const char* const kNames[kSlots] = {
+      "cu_seqlens_q", "cu_seqlens_k", "q", "k", "v", "dout", "out", "lse", "dq", "dk", "dv"};
   return slot >= 0 && slot < kSlots ? kNames[slot] : "?";
 }
 
@@ -29,21 +28,24 @@ DType Call::dtype_of(int slot) const {
 
 std::string Call::describe() const {
   std::ostringstream s;
-  s << (backward() ? "backward" : "forward") << " kernel=" << kernel << " expect=" << to_string(expect)
-    << " | " << p.describe();
+  s << (backward() ? "backward" : "forward") << " kernel=" << kernel
+    << " expect=" << to_string(expect) << " | " << p.describe();
   if (max_seqlen_q >= 0 || max_seqlen_k >= 0)
     s << " max_seqlen " << max_seqlen_q << "/" << max_seqlen_k;
   if (quadratic_limit) s << " quadratic_limit " << quadratic_limit;
   if (check_inputs) s << " check_inputs";
   for (int slot = 0; slot < kSlots; ++slot) {
-    if (same_as[slot] >= 0) s << " " << slot_name(slot) << "=" << slot_name(same_as[slot]);
+    if (same_as[slot] >= 0)
+      s << " " << slot_name(slot) << "=" << slot_name(same_as[slot]);
     else if (layout[slot].rank() > 0 && !layout[slot].contiguous())
       s << " " << slot_name(slot) << layout[slot].describe();
   }
-  for (const NonFinite& n : nonfinite) s << " " << slot_name(n.slot) << "[" << n.index << "]=" << n.value;
+  for (const NonFinite& n : nonfinite)
+    s << " " << slot_name(n.slot) << "[" << n.index << "]=" << n.value;
   if (nan_padding) s << " nan-padding";
   if (alias_slot >= 0)
-    s << " " << slot_name(alias_slot) << "-inside-" << slot_name(alias_into) << "+" << alias_byte_offset << "B";
+    s << " " << slot_name(alias_slot) << "-inside-" << slot_name(alias_into) << "+"
+      << alias_byte_offset << "B";
   if (workspace == Workspace::kShort) s << " workspace-short";
   if (workspace == Workspace::kNull) s << " workspace-null";
   if (!twist.empty()) s << " | " << twist;
@@ -58,16 +60,25 @@ bool Env::has(Pass pass) const {
 
 bool is_input(const Call& c, int slot) {
   switch (slot) {
-    case kCuQ: case kCuK: case kQ: case kK: case kV: return true;
-    case kOut: case kLse: case kDout: return c.backward();
+    case kCuQ:
+    case kCuK:
+    case kQ:
+    case kK:
+    case kV: return true;
+    case kOut:
+    case kLse:
+    case kDout: return c.backward();
     default: return false;
   }
 }
 
 bool is_output(const Call& c, int slot) {
   switch (slot) {
-    case kOut: case kLse: return !c.backward();
-    case kDq: case kDk: case kDv: return c.backward();
+    case kOut:
+    case kLse: return !c.backward();
+    case kDq:
+    case kDk:
+    case kDv: return c.backward();
     default: return false;
   }
 }
@@ -85,7 +96,8 @@ std::array<std::vector<int64_t>, kSlots> shapes_of(const Call& c) {
   s[kV] = rows(p.total_k(), p.seqlen_k, Hk, Dv);
   s[kOut] = rows(p.total_q(), p.seqlen_q, Hq, Dv);
   if (c.backward() || p.with_lse)
-    s[kLse] = p.varlen() ? std::vector<int64_t>{Hq, p.total_q()} : std::vector<int64_t>{B, Hq, p.seqlen_q};
+    s[kLse] = p.varlen() ? std::vector<int64_t>{Hq, p.total_q()}
+                         : std::vector<int64_t>{B, Hq, p.seqlen_q};
   if (c.backward()) {
     s[kDout] = s[kOut];
     s[kDq] = s[kQ];

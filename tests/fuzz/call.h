@@ -60,18 +60,18 @@ struct Call {
   size_t quadratic_limit = 0;                // 0: the API's default
   bool check_inputs = false;                 // where the API has the opt-in cu_seqlens check
   std::vector<NonFinite> nonfinite;
-  bool nan_padding = false;                  // NaN in the unseen elements of q, k, v
-  std::array<int, kSlots> same_as;           // -1, or the slot whose buffer this one is
-  int alias_slot = -1, alias_into = -1;      // alias_slot's view inside alias_into's storage
+  bool nan_padding = false;              // NaN in the unseen elements of q, k, v
+  std::array<int, kSlots> same_as;       // -1, or the slot whose buffer this one is
+  int alias_slot = -1, alias_into = -1;  // alias_slot's view inside alias_into's storage
   size_t alias_byte_offset = 0;
   Workspace workspace = Workspace::kGiven;
-  bool deterministic = false;                // backward
+  bool deterministic = false;  // backward
 
-  std::string kind = "valid";                         // the generator's name for the call
-  std::string twist;                                  // what is wrong, in words
+  std::string kind = "valid";                               // the generator's name for the call
+  std::string twist;                                        // what is wrong, in words
   std::function<void(std::array<Buf, kSlots>&)> edit_data;  // before the upload
-  std::function<void(Target&)> edit_args;             // after the Args are built
-  ValueCheck check_values;                            // analytic expectations (corpus)
+  std::function<void(Target&)> edit_args;                   // after the Args are built
+  ValueCheck check_values;                                  // analytic expectations (corpus)
 
   Call() { same_as.fill(-1); }
   bool backward() const { return pass == Pass::kBackward; }
@@ -81,7 +81,9 @@ struct Call {
 
 // Whether the API has the opt-in host check of cu_seqlens contents (CommonArgs::check_inputs).
 template <class A>
-inline constexpr bool kHasCheckInputs = requires(const A& a) { a.check_inputs; };
+inline constexpr bool kHasCheckInputs = requires(const A& a) {
+  a.check_inputs;
+};
 
 // What the fuzzer runs against: the device and the registry's kernels there.
 struct Env {

@@ -35,8 +35,8 @@ void set_row(Buf& b, int64_t row, int dim, double x) {
   for (int d = 0; d < dim; ++d) b.set(row * dim + d, x);
 }
 
-std::string expect_row(const std::vector<double>& got, int64_t row, int dim, double want, double tol,
-                       const std::string& what) {
+std::string expect_row(const std::vector<double>& got, int64_t row, int dim, double want,
+                       double tol, const std::string& what) {
   for (int d = 0; d < dim; ++d) {
     const double g = got[size_t(row * dim + d)];
     if (!(std::abs(g - want) <= tol))
@@ -97,8 +97,10 @@ std::vector<CorpusCase> corpus(const Env& env) {
     c.edit_args = [](Target& t) { t.t[kQ]->stride[0] = (int64_t(1) << 62) + 1; };
     add(4, "stride past int64 bytes: refused", c);
   }
-  for (auto [pass, scale] : {std::pair{kFwd, 2.4e38f}, std::pair{kBwd, 2.4e38f}, std::pair{kBwd, 1e30f}}) {
-    Call c = make(pass, test::dense(b8.dtype, 1, 4, 4, 1, 1, b8.dim).scaled(scale), Expect::kRefuseOrCorrect);
+  for (auto [pass, scale] :
+       {std::pair{kFwd, 2.4e38f}, std::pair{kBwd, 2.4e38f}, std::pair{kBwd, 1e30f}}) {
+    Call c = make(pass, test::dense(b8.dtype, 1, 4, 4, 1, 1, b8.dim).scaled(scale),
+                  Expect::kRefuseOrCorrect);
     add(5, "huge softmax_scale: refused or right", c);  // (5)
   }
   {  // (6) a masked key's NaN V must not reach the row; a row that sees none is 0
@@ -108,7 +110,8 @@ std::vector<CorpusCase> corpus(const Env& env) {
     c.edit_data = [D](std::array<Buf, kSlots>& b) { set_row(b[kV], 0, D, 1.0); };
     c.check_values = [D](const test::Results& got) {
       std::string e = expect_row(got.out, 0, D, 0.0, 0.0, "row 0 (sees no key)");
-      if (e.empty() && got.lse[0] != -std::numeric_limits<double>::infinity()) e = "row 0's LSE is not -inf";
+      if (e.empty() && got.lse[0] != -std::numeric_limits<double>::infinity())
+        e = "row 0's LSE is not -inf";
       if (e.empty()) e = expect_row(got.out, 1, D, 1.0, 1e-3, "row 1 (sees key 0 only)");
       return e;
     };
@@ -133,7 +136,8 @@ std::vector<CorpusCase> corpus(const Env& env) {
     add(7, "two identical keys, v = [1, 3], scale 1e20: out = 2", c);
   }
   for (Pass pass : {kFwd, kBwd}) {  // (8)
-    Call c = make(pass, test::dense(b8.dtype, 2, 8, 8, 2, 2, b8.dim).threads(2000), Expect::kRefuseOrCorrect);
+    Call c = make(pass, test::dense(b8.dtype, 2, 8, 8, 2, 2, b8.dim).threads(2000),
+                  Expect::kRefuseOrCorrect);
     add(8, "num_threads 2000: refused or right", c);
   }
   {  // (10) outputs over inputs or over themselves

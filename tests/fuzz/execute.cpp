@@ -21,7 +21,8 @@ std::string device_error(const Env& env) {
   if (env.device != Device::kCUDA) return "";
   cudaError_t err = cudaStreamSynchronize(static_cast<cudaStream_t>(env.stream));
   if (err == cudaSuccess) err = cudaGetLastError();
-  if (err != cudaSuccess) return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+  if (err != cudaSuccess)
+    return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
 #else
   (void)env;
 #endif
@@ -42,13 +43,6 @@ std::string status_str(const Status& s) {
 Status call_api(const ForwardArgs& a) { return forward(a); }
 Status call_api(const BackwardArgs& a) { return backward(a); }
 
-double magnitude(const std::vector<double>& v) {
-  double m = 1.0;
-  for (double x : v)
-    if (std::isfinite(x)) m = std::max(m, std::abs(x));
-  return m;
-}
-
 // The oracle's answer and the yardstick's: the same-dtype run (the rule's bound) and the
 // same code in fp32, which proves that the yardstick computes what the oracle computes
 // (tests/kernel_check.cpp's sanity check).
@@ -57,21 +51,22 @@ struct Reference {
 };
 
 // docs/DESIGN.md's rule for one output quantity: "" when it holds. *against_rule is set when
-// it fails the rule proper (2 x the yardstick's error + 1e-5), not a fallback bound.
+// it fails the rule proper (test_util's rule_bound), not a fallback bound.
 std::string rule(const std::string& name, DType dt, const std::vector<double>& got,
                  const std::vector<double>& lowp, const std::vector<double>& fp32,
                  const std::vector<double>& oracle, bool* against_rule) {
   *against_rule = false;
   const test::MaxError ek = test::max_abs_err(got, oracle);
   if (dt == DType::kF64) {
-    const double bound = 1e-9 * magnitude(oracle);
+    const double bound = 1e-9 * test::magnitude_of(oracle);
     if (ek.value <= bound) return "";
     return name + ": max abs error vs the fp64 oracle " + test::describe(ek) + " > " +
            std::to_string(bound) + " (fp64: 1e-9 of the values' magnitude)";
   }
   const test::MaxError e32 = test::max_abs_err(fp32, oracle);
   if (e32.value <= test::yardstick_cap(DType::kF32, oracle)) {
-    const ::testing::AssertionResult r = test::within_rule(name, ek, test::max_abs_err(lowp, oracle));
+    const ::testing::AssertionResult r =
+        test::within_rule(name, ek, test::max_abs_err(lowp, oracle), test::magnitude_of(oracle));
     *against_rule = !r && std::isfinite(ek.value);
     return r ? "" : r.message();
   }
@@ -131,8 +126,8 @@ std::string Run::allocate() {
     size_t extra = 0;
     if (slot == c_.alias_into) {
       const size_t own = size_t(l.span()) * dtype_size(dt);
-      const size_t need = c_.alias_byte_offset +
-                          size_t(c_.layout[c_.alias_slot].span()) * dtype_size(c_.dtype_of(c_.alias_slot));
+      const size_t need = c_.alias_byte_offset + size_t(c_.layout[c_.alias_slot].span()) *
+                                                     dtype_size(c_.dtype_of(c_.alias_slot));
       extra = need > own ? need - own : 0;
     }
     buf_[slot] = Buf(dt, l, env_.device, extra);
@@ -144,7 +139,8 @@ std::string Run::allocate() {
       const std::vector<int>& lens = slot == kCuQ ? c_.p.lens_q : c_.p.lens_k;
       int64_t acc = 0;
       buf_[slot].set(0, 0);
-      for (size_t b = 0; b < lens.size(); ++b) buf_[slot].set(int64_t(b) + 1, double(acc += lens[b]));
+      for (size_t b = 0; b < lens.size(); ++b)
+        buf_[slot].set(int64_t(b) + 1, double(acc += lens[b]));
     }
   for (int slot : {kQ, kK, kV, kDout}) {
     if (!buf_[slot].present() || c_.same_as[slot] >= 0) continue;
@@ -202,7 +198,8 @@ std::string Run::oracle(bool with_backward, test::Results* oracle, Reference* ya
   yardstick->lowp = test::run_lowp(po_, in_, with_backward);
   test::Problem p32 = po_;
   p32.dtype = DType::kF32;
-  yardstick->fp32 = po_.dtype == DType::kF32 ? yardstick->lowp : test::run_lowp(p32, in_, with_backward);
+  yardstick->fp32 =
+      po_.dtype == DType::kF32 ? yardstick->lowp : test::run_lowp(p32, in_, with_backward);
   return "";
 }
 
@@ -234,7 +231,8 @@ std::string Run::forward_of_record(const BackwardArgs& a) {
     return "";
   }
   size_t need = 0;
-  if (Status s = workspace_size(f, &need); !s.ok()) return "forward of record (" + name + ") workspace_size: " + status_str(s);
+  if (Status s = workspace_size(f, &need); !s.ok())
+    return "forward of record (" + name + ") workspace_size: " + status_str(s);
   std::string err;
   f.workspace = scratch(need, &err);
   f.workspace_bytes = need;
@@ -267,7 +265,8 @@ std::string Run::nonfinite_rows(const test::Results& got) {
                                            p.max_len_k(), p.softcap);
   int64_t start_q = 0, start_k = 0;
   for (int b = 0; b < p.batch; ++b) {
-    const int lq = p.varlen() ? p.lens_q[b] : p.seqlen_q, lk = p.varlen() ? p.lens_k[b] : p.seqlen_k;
+    const int lq = p.varlen() ? p.lens_q[b] : p.seqlen_q,
+              lk = p.varlen() ? p.lens_k[b] : p.seqlen_k;
     for (int i = 0; i < lq; ++i)
       for (int h = 0; h < Hq; ++h) {
         const int64_t t = start_q + i;
@@ -287,8 +286,10 @@ std::string Run::nonfinite_rows(const test::Results& got) {
         if (out_f == 1 && finite) return "out row " + where + " sees a NaN but is finite";
         for (int d = 0; d < Dv && out_f; ++d) masked_out_.push_back(size_t(orow + d));
         if (got.lse.empty()) continue;
-        const size_t li = size_t(p.varlen() ? int64_t(h) * p.total_q() + t : (int64_t(b) * Hq + h) * p.seqlen_q + i);
-        if (lse_f == 1 && std::isfinite(got.lse[li])) return "lse " + where + " sees a NaN but is finite";
+        const size_t li = size_t(p.varlen() ? int64_t(h) * p.total_q() + t
+                                            : (int64_t(b) * Hq + h) * p.seqlen_q + i);
+        if (lse_f == 1 && std::isfinite(got.lse[li]))
+          return "lse " + where + " sees a NaN but is finite";
         if (lse_f) masked_lse_.push_back(li);
       }
     start_q += lq;
@@ -308,7 +309,8 @@ Outcome Run::judge() {
     if (!buf_[slot].present() || !is_input(c_, slot)) continue;
     const std::vector<std::byte> now = buf_[slot].span_copy();
     if (now != before_[slot]) {
-      const size_t at = size_t(std::mismatch(now.begin(), now.end(), before_[slot].begin()).first - now.begin());
+      const size_t at =
+          size_t(std::mismatch(now.begin(), now.end(), before_[slot].begin()).first - now.begin());
       return fail(kWrongResult, std::string("the call wrote its input ") + slot_name(slot) +
                                     " (byte " + std::to_string(at) + " of its span)");
     }
@@ -320,23 +322,26 @@ Outcome Run::judge() {
     const std::vector<bool> seen = b.seen();
     for (size_t e = 0; e < seen.size(); ++e)
       if (!seen[e] && !b.is_poison(int64_t(e)))
-        return fail(kWrongResult, std::string("the call wrote outside the view of ") + slot_name(slot) +
-                                      " (element offset " + std::to_string(e) + ")");
+        return fail(kWrongResult, std::string("the call wrote outside the view of ") +
+                                      slot_name(slot) + " (element offset " + std::to_string(e) +
+                                      ")");
     if (c_.expect == Expect::kNoCrash) continue;
     int64_t unwritten = 0, first = -1;
     for (int64_t i = 0; i < b.layout().numel(); ++i)
       if (b.is_poison(b.offset(i)) && unwritten++ == 0) first = i;
     if (unwritten)
-      return fail(kWrongResult, std::to_string(unwritten) + " of " + std::to_string(b.layout().numel()) +
-                                    " elements of " + slot_name(slot) +
-                                    " never written (first: logical element " + std::to_string(first) + ")");
+      return fail(kWrongResult, std::to_string(unwritten) + " of " +
+                                    std::to_string(b.layout().numel()) + " elements of " +
+                                    slot_name(slot) + " never written (first: logical element " +
+                                    std::to_string(first) + ")");
     std::vector<double>* dst[] = {&got.out, &got.lse, &got.dq, &got.dk, &got.dv};
     *dst[slot - kOut] = b.values();
   }
   if (c_.expect == Expect::kNoCrash) return {};
 
   Reference ref;
-  if (std::string err = oracle(c_.backward(), &ref.oracle, &ref); !err.empty()) return fail(kOracleFailure, err);
+  if (std::string err = oracle(c_.backward(), &ref.oracle, &ref); !err.empty())
+    return fail(kOracleFailure, err);
   if (!c_.nonfinite.empty() && !c_.backward()) {
     if (std::string err = nonfinite_rows(got); !err.empty()) return fail(kWrongResult, err);
     for (test::Results* r : {&got, &ref.oracle, &ref.lowp, &ref.fp32}) mask_rows(r);
@@ -348,14 +353,16 @@ Outcome Run::judge() {
   bool out_of_reach = false;
   auto check = [&](const char* name, std::vector<double> test::Results::*q) {
     bool against_rule = false;
-    std::string e = rule(name, c_.p.dtype, got.*q, ref.lowp.*q, ref.fp32.*q, ref.oracle.*q, &against_rule);
+    std::string e =
+        rule(name, c_.p.dtype, got.*q, ref.lowp.*q, ref.fp32.*q, ref.oracle.*q, &against_rule);
     if (e.empty() || !against_rule) return e;
     if (!fa2) {
       fa2 = test::run_fa2_emulation(po_, in_, c_.backward());
       mask_rows(&*fa2);
     }
     const test::MaxError ef = test::max_abs_err((*fa2).*q, ref.oracle.*q);
-    if (test::max_abs_err(got.*q, ref.oracle.*q).value > test::kErrFactor * ef.value + test::kErrSlack)
+    const double bound = test::rule_bound(ef, test::magnitude_of(ref.oracle.*q));
+    if (test::max_abs_err(got.*q, ref.oracle.*q).value > bound)
       return e + "; FlashAttention-2's rounding errs by " + test::describe(ef);
     out_of_reach = true;
     return std::string();
@@ -371,7 +378,9 @@ Outcome Run::judge() {
   }
   if (err.empty() && c_.check_values) err = c_.check_values(got);
   if (!err.empty()) return fail(kWrongResult, err);
-  if (out_of_reach) return {Outcome::kOutOfReach, "", "within 2x FlashAttention-2's rounding, not 2x the yardstick's"};
+  if (out_of_reach)
+    return {Outcome::kOutOfReach, "",
+            "within 2x FlashAttention-2's rounding, not 2x the yardstick's"};
   return {};
 }
 
@@ -382,7 +391,8 @@ Outcome run_pass(Run& r, const Call& c, const Env& env, Args& a) {
   size_t need = 0;
   const Status wss = workspace_size(a, &need);
   if (sel.code() != wss.code())
-    return fail(kDisagreement, "select_kernel: " + status_str(sel) + "; workspace_size: " + status_str(wss));
+    return fail(kDisagreement,
+                "select_kernel: " + status_str(sel) + "; workspace_size: " + status_str(wss));
   if (!sel.ok()) {
     // The pass must refuse it the same way, before touching anything.
     Args b = a;
@@ -405,8 +415,10 @@ Outcome run_pass(Run& r, const Call& c, const Env& env, Args& a) {
     return fail(kDisagreement, "select_kernel chose " + chosen + " for kernel = " + c.kernel);
   if (need > kMaxWorkspace) {
     if (c.expect == Expect::kValid)
-      return fail(kWrongResult, "workspace_size asks " + std::to_string(need) + " bytes for a small call");
-    return {Outcome::kNotRun, "", "accepted by " + chosen + " with a workspace of " + std::to_string(need) + " bytes"};
+      return fail(kWrongResult,
+                  "workspace_size asks " + std::to_string(need) + " bytes for a small call");
+    return {Outcome::kNotRun, "",
+            "accepted by " + chosen + " with a workspace of " + std::to_string(need) + " bytes"};
   }
   const bool refusal_due = c.workspace != Workspace::kGiven && need > 0;
   std::string err;
@@ -421,11 +433,14 @@ Outcome run_pass(Run& r, const Call& c, const Env& env, Args& a) {
   const Status s = call_api(a);
   if (err = device_error(env); !err.empty()) return fail(kCudaError, err);
   if (refusal_due) {
-    if (s.ok()) return fail(kInvalidAccepted, "ran with workspace_bytes " + std::to_string(given) + " of " + std::to_string(need));
+    if (s.ok())
+      return fail(kInvalidAccepted, "ran with workspace_bytes " + std::to_string(given) + " of " +
+                                        std::to_string(need));
     return {Outcome::kRefused, "", status_str(s)};
   }
   if (!s.ok())
-    return fail(kDisagreement, "select_kernel accepted it (" + chosen + ") but the pass returned " + status_str(s));
+    return fail(kDisagreement, "select_kernel accepted it (" + chosen + ") but the pass returned " +
+                                   status_str(s));
   if (err = r.download(); !err.empty()) return fail(kCudaError, err);
   return r.judge();
 }

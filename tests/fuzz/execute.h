@@ -4,9 +4,10 @@
 //   - an invalid call must get a non-ok Status from all three;
 //   - a valid call gets ok, or kUnsupported with a reason;
 //   - an accepted call writes every output element (outputs are poisoned first), nothing
-//     outside its views and none of its inputs, and its values are within DESIGN.md's rule
+//     outside its views and none of its inputs, and its values are within docs/DESIGN.md's rule
 //     against the fp64 oracle (cpu_reference on fp64 copies): max abs error <= 2 x that of
-//     the same-dtype yardstick + 1e-5 (fp64: 1e-9 of the values' magnitude);
+//     the same-dtype yardstick + 1e-5 x the values' magnitude (test_util's rule_bound;
+//     fp64: 1e-9 of the values' magnitude);
 //     where a kernel misses that bound but stays within 2x the error of FlashAttention-2's
 //     own rounding (test_util's emulation), the rule is out of reach for the call: it passes
 //     and the summary counts it apart;

@@ -12,7 +12,8 @@ namespace flashlab::fuzz {
 // Every tensor (cu_seqlens dropped) given `shape` as [batch, seqlen, heads,
 // head_dim] and `stride`; LSE [batch, heads, seqlen]. Unsigned arithmetic: the point is
 // that the true products do not fit.
-void reshape_all(Target& t, const std::array<int64_t, 4>& shape, const std::array<int64_t, 4>& stride) {
+void reshape_all(Target& t, const std::array<int64_t, 4>& shape,
+                 const std::array<int64_t, 4>& stride) {
   *t.t[kCuQ] = *t.t[kCuK] = Tensor{};
   for (int s : {kQ, kK, kV, kOut, kDout, kDq, kDk, kDv}) {
     if (!t.t[s] || !t.t[s]->rank) continue;
@@ -74,7 +75,8 @@ void byte_offset_overflow(Call* c, std::mt19937_64& rng) {
   // (shape - 1) · stride · element size >= 2^63 for every dtype of two bytes or more.
   const int64_t to = (int64_t(1) << 62) + int64_t(rng() >> 2);
   c->expect = Expect::kInvalid;
-  c->twist = std::string(slot_name(s)) + ".stride[" + std::to_string(d) + "] = " + std::to_string(to);
+  c->twist =
+      std::string(slot_name(s)) + ".stride[" + std::to_string(d) + "] = " + std::to_string(to);
   c->edit_args = [s, d, to](Target& t) { t.t[s]->stride[d] = to; };
 }
 
@@ -88,8 +90,11 @@ void batch_heads_overflow(Call* c, std::mt19937_64& rng) {
   c->alias_slot = c->alias_into = -1;
   const int64_t batch = 65536 + uniform(rng, 0, 1000), heads = 65536;
   c->expect = Expect::kInvalid;
-  c->twist = "batch " + std::to_string(batch) + " x heads " + std::to_string(heads) + " over zero strides";
-  c->edit_args = [batch, heads, D](Target& t) { reshape_all(t, {batch, 1, heads, D}, {0, 0, 0, 1}); };
+  c->twist =
+      "batch " + std::to_string(batch) + " x heads " + std::to_string(heads) + " over zero strides";
+  c->edit_args = [batch, heads, D](Target& t) {
+    reshape_all(t, {batch, 1, heads, D}, {0, 0, 0, 1});
+  };
 }
 
 void huge_max_seqlen(Call* c, std::mt19937_64& rng, const Env& env) {
@@ -116,10 +121,22 @@ void huge_max_seqlen(Call* c, std::mt19937_64& rng, const Env& env) {
 void make_extreme(Call* c, std::mt19937_64& rng, const Env& env) {
   c->nonfinite.clear();
   switch (uniform(rng, 0, 6)) {
-    case 0: element_count_overflow(c, rng); c->kind = "element count past int64"; return;
-    case 1: byte_offset_overflow(c, rng); c->kind = "byte offset past int64"; return;
-    case 2: batch_heads_overflow(c, rng); c->kind = "batch * heads past 2^31"; return;
-    case 3: huge_max_seqlen(c, rng, env); c->kind = "huge max_seqlen"; return;
+    case 0:
+      element_count_overflow(c, rng);
+      c->kind = "element count past int64";
+      return;
+    case 1:
+      byte_offset_overflow(c, rng);
+      c->kind = "byte offset past int64";
+      return;
+    case 2:
+      batch_heads_overflow(c, rng);
+      c->kind = "batch * heads past 2^31";
+      return;
+    case 3:
+      huge_max_seqlen(c, rng, env);
+      c->kind = "huge max_seqlen";
+      return;
     case 4:
       c->p.num_threads = pick(rng, {1000, 2000, 65536, INT_MAX});
       c->twist = "huge num_threads";

@@ -118,8 +118,8 @@ struct Tally {
     const std::string key = std::string(o.failure) + " / " + c.kind;
     note(key, label);
     if (by_kind[key].count > 2 || printed++ >= 60) return;  // the first two of each kind
-    std::cout << "FAIL [" << o.failure << "] " << label << ": " << o.message << "\n  call: "
-              << c.describe() << "\n  replay: " << replay << std::endl;
+    std::cout << "FAIL [" << o.failure << "] " << label << ": " << o.message
+              << "\n  call: " << c.describe() << "\n  replay: " << replay << std::endl;
   }
 };
 
@@ -164,7 +164,9 @@ int run(const Options& o, const std::string& argv0) {
   std::cout << "; replay with --seed " << o.seed << dev << std::endl;
 
   const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   Tally tally;
   auto one = [&](const Call& c, const std::string& label, const std::string& replay) {
     set_now(label + ": " + c.describe());
@@ -182,7 +184,8 @@ int run(const Options& o, const std::string& argv0) {
       one(cc.call, "corpus case " + std::to_string(cc.number) + " (" + cc.what + ")",
           argv0 + " --corpus " + std::to_string(cc.number) + dev);
     }
-    std::cout << "regression corpus: " << n << " calls, " << tally.failures - before << " failed" << std::endl;
+    std::cout << "regression corpus: " << n << " calls, " << tally.failures - before << " failed"
+              << std::endl;
   }
   int64_t iterations = 0;
   if (o.corpus_case < 0) {
@@ -192,8 +195,9 @@ int run(const Options& o, const std::string& argv0) {
         break;
       std::mt19937_64 rng = rng_for(o.seed, uint64_t(it));
       const Call c = random_call(rng, env);
-      const Outcome out = one(c, "seed " + std::to_string(o.seed) + " iteration " + std::to_string(it),
-                              argv0 + " --seed " + std::to_string(o.seed) + " --iteration " + std::to_string(it) + dev);
+      const Outcome out = one(
+          c, "seed " + std::to_string(o.seed) + " iteration " + std::to_string(it),
+          argv0 + " --seed " + std::to_string(o.seed) + " --iteration " + std::to_string(it) + dev);
       ++iterations;
       if (out.kind == Outcome::kFailed && out.failure == std::string(kCudaError)) {
         std::cout << "fuzz: stopping after a CUDA error (the context may be lost)" << std::endl;
@@ -206,17 +210,21 @@ int run(const Options& o, const std::string& argv0) {
   if (!tally.by_kind.empty()) std::cout << "by class and call kind:" << std::endl;
   for (const auto& [key, seen] : tally.by_kind)
     std::cout << "  " << key << ": " << seen.count << " (first: " << seen.first << ")" << std::endl;
-  std::cout << "fuzz: seed " << o.seed << " iterations " << iterations << " seconds " << int(elapsed() + 0.5) << "\n"
-            << "calls made: " << tally.calls << "  (valid " << tally.valid << ", invalid " << tally.invalid << ")\n"
-            << "crashes: 0   sanitizer reports: 0   invalid calls accepted: " << tally.count(kInvalidAccepted)
-            << "   valid calls with wrong results: " << wrong << "\n"
-            << "valid calls refused: " << tally.count(kValidRefused) << "   status disagreements: "
-            << tally.count(kDisagreement) << "   CUDA errors: " << tally.count(kCudaError)
+  std::cout << "fuzz: seed " << o.seed << " iterations " << iterations << " seconds "
+            << int(elapsed() + 0.5) << "\n"
+            << "calls made: " << tally.calls << "  (valid " << tally.valid << ", invalid "
+            << tally.invalid << ")\n"
+            << "crashes: 0   sanitizer reports: 0   invalid calls accepted: "
+            << tally.count(kInvalidAccepted) << "   valid calls with wrong results: " << wrong
+            << "\n"
+            << "valid calls refused: " << tally.count(kValidRefused)
+            << "   status disagreements: " << tally.count(kDisagreement)
+            << "   CUDA errors: " << tally.count(kCudaError)
             << "   oracle failures: " << tally.count(kOracleFailure) << "\n"
             << "outcomes: " << tally.passed << " checked, " << tally.out_of_reach
-            << " checked within 2x FlashAttention-2's rounding only, " << tally.unsupported << " unsupported, "
-            << tally.refused << " refused, " << tally.not_run << " accepted but not run (workspace over 1 GiB)"
-            << std::endl;
+            << " checked within 2x FlashAttention-2's rounding only, " << tally.unsupported
+            << " unsupported, " << tally.refused << " refused, " << tally.not_run
+            << " accepted but not run (workspace over 1 GiB)" << std::endl;
   return tally.failures ? 1 : 0;
 }
 
@@ -230,13 +238,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
-    if (a == "--seed" && has_value) o.seed = std::strtoull(argv[++i], nullptr, 0), seed_given = true;
-    else if (a == "--seconds" && has_value) o.seconds = std::atof(argv[++i]);
-    else if (a == "--iterations" && has_value) o.iterations = std::atoll(argv[++i]);
-    else if (a == "--iteration" && has_value) o.only_iteration = std::atoll(argv[++i]);
-    else if (a == "--corpus" && has_value) o.corpus_case = std::atoi(argv[++i]);
-    else if (a == "--no-corpus") o.corpus = false;
-    else if (a == "--verbose") o.verbose = true;
+    if (a == "--seed" && has_value)
+      o.seed = std::strtoull(argv[++i], nullptr, 0), seed_given = true;
+    else if (a == "--seconds" && has_value)
+      o.seconds = std::atof(argv[++i]);
+    else if (a == "--iterations" && has_value)
+      o.iterations = std::atoll(argv[++i]);
+    else if (a == "--iteration" && has_value)
+      o.only_iteration = std::atoll(argv[++i]);
+    else if (a == "--corpus" && has_value)
+      o.corpus_case = std::atoi(argv[++i]);
+    else if (a == "--no-corpus")
+      o.corpus = false;
+    else if (a == "--verbose")
+      o.verbose = true;
     else if (a == "--device" && has_value) {
       const std::string d = argv[++i];
       if (d != "cpu" && d != "cuda") return flashlab::fuzz::usage(argv[0]);

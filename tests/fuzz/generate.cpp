@@ -8,7 +8,8 @@
 namespace flashlab::fuzz {
 
 std::mt19937_64 rng_for(uint64_t seed, uint64_t iteration) {
-  std::seed_seq seq{uint32_t(seed), uint32_t(seed >> 32), uint32_t(iteration), uint32_t(iteration >> 32)};
+  std::seed_seq seq{uint32_t(seed), uint32_t(seed >> 32), uint32_t(iteration),
+                    uint32_t(iteration >> 32)};
   return std::mt19937_64(seq);
 }
 
@@ -32,14 +33,18 @@ DType random_dtype(std::mt19937_64& rng, const Env& env, const std::string& kern
 int random_head_dim(std::mt19937_64& rng, const Env& env) {
   if (env.device == Device::kCUDA) {
     const int r = uniform(rng, 0, 99);
-    return r < 30 ? 64 : r < 60 ? 128 : r < 85 ? pick(rng, {32, 96, 256, 16}) : 8 * uniform(rng, 1, 32);
+    return r < 30   ? 64
+           : r < 60 ? 128
+           : r < 85 ? pick(rng, {32, 96, 256, 16})
+                    : 8 * uniform(rng, 1, 32);
   }
   return chance(rng, 95) ? pick(rng, {1, 2, 3, 4, 5, 7, 8, 16, 32, 64}) : pick(rng, {96, 128, 160});
 }
 
 int random_len(std::mt19937_64& rng, const Env& env) {
   const int r = uniform(rng, 0, 99);
-  if (env.device == Device::kCUDA) return r < 50 ? uniform(rng, 0, 70) : r < 90 ? uniform(rng, 0, 300) : uniform(rng, 300, 700);
+  if (env.device == Device::kCUDA)
+    return r < 50 ? uniform(rng, 0, 70) : r < 90 ? uniform(rng, 0, 300) : uniform(rng, 300, 700);
   return r < 70 ? uniform(rng, 0, 24) : r < 95 ? uniform(rng, 0, 80) : uniform(rng, 100, 200);
 }
 
@@ -140,8 +145,8 @@ Call random_call(std::mt19937_64& rng, const Env& env) {
   std::vector<std::string> names;
   for (const KernelInfo& k : env.kernels)
     if (pass == Pass::kForward ? k.has_forward : k.has_backward) names.emplace_back(k.name);
-  const std::string kernel = names.empty() || chance(rng, 15) ? std::string(kAutoKernel)
-                                                              : names[rng() % names.size()];
+  const std::string kernel =
+      names.empty() || chance(rng, 15) ? std::string(kAutoKernel) : names[rng() % names.size()];
   Call c = random_valid(rng, env, pass, kernel);
   const int kind = uniform(rng, 0, 99);
   if (kind < 62) {

@@ -31,7 +31,8 @@ void make_extreme(Call* c, std::mt19937_64& rng, const Env& env);
 // Every tensor of a call (cu_seqlens dropped) given `shape` [batch, seqlen, heads, head_dim]
 // and `stride`, LSE [batch, heads, seqlen]; and the row-major strides of a shape, computed
 // modulo 2^64 (the extreme calls are those whose true products do not fit).
-void reshape_all(Target& t, const std::array<int64_t, 4>& shape, const std::array<int64_t, 4>& stride);
+void reshape_all(Target& t, const std::array<int64_t, 4>& shape,
+                 const std::array<int64_t, 4>& stride);
 std::array<int64_t, 4> contiguous_strides(const std::array<int64_t, 4>& shape);
 
 // Small helpers for the generators.

@@ -31,7 +31,9 @@ std::vector<int> tensors(const Call& c) {
   return present(c, {kQ, kK, kV, kOut, kLse, kDout, kDq, kDk, kDv, kCuQ, kCuK});
 }
 
-int any_of(std::mt19937_64& rng, const std::vector<int>& xs) { return xs.empty() ? -1 : xs[rng() % xs.size()]; }
+int any_of(std::mt19937_64& rng, const std::vector<int>& xs) {
+  return xs.empty() ? -1 : xs[rng() % xs.size()];
+}
 
 // Non-last dims of a layout with more than one element.
 std::vector<int> wide_dims(const Layout& l) {
@@ -84,7 +86,8 @@ bool output_overlaps_itself(Call* c, std::mt19937_64& rng, const Env&) {
     c->twist = name(slot) + ".stride[" + std::to_string(a) + "] = 0";
   } else {
     l.stride[a] = l.stride[b];  // elements (a=1, b=0) and (a=0, b=1) coincide
-    c->twist = name(slot) + ".stride[" + std::to_string(a) + "] = stride[" + std::to_string(b) + "]";
+    c->twist =
+        name(slot) + ".stride[" + std::to_string(a) + "] = stride[" + std::to_string(b) + "]";
   }
   return true;
 }
@@ -93,13 +96,18 @@ bool output_overlaps_itself(Call* c, std::mt19937_64& rng, const Env&) {
 
 bool wrong_dtype(Call* c, std::mt19937_64& rng, const Env&) {
   const int slot = any_of(rng, tensors(*c));
-  DType to;
-  if (slot == kCuQ || slot == kCuK) to = pick(rng, {DType::kF32, DType::kF64});
-  else if (slot == kLse) to = pick(rng, {DType::kF16, DType::kF64, DType::kI32});
-  else if (slot == kQ) to = DType::kI32;
-  else do to = pick(rng, {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI32});
-    while (to == c->p.dtype);
-  edit(c, name(slot) + ".dtype = " + to_string(to), [slot, to](Target& t) { t.t[slot]->dtype = to; });
+  DType to = DType::kI32;  // q: no float dtype at all
+  if (slot == kCuQ || slot == kCuK) {
+    to = pick(rng, {DType::kF32, DType::kF64});
+  } else if (slot == kLse) {
+    to = pick(rng, {DType::kF16, DType::kF64, DType::kI32});
+  } else if (slot != kQ) {
+    do {
+      to = pick(rng, {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI32});
+    } while (to == c->p.dtype);
+  }
+  edit(c, name(slot) + ".dtype = " + to_string(to),
+       [slot, to](Target& t) { t.t[slot]->dtype = to; });
   return true;
 }
 
@@ -117,7 +125,8 @@ bool wrong_device(Call* c, std::mt19937_64& rng, const Env& env) {
 
 bool wrong_rank(Call* c, std::mt19937_64& rng, const Env&) {
   const int slot = any_of(rng, tensors(*c));
-  const int r = c->layout[slot].rank(), to = r == kMaxRank ? r - 1 : (chance(rng, 50) && r > 1 ? r - 1 : r + 1);
+  const int r = c->layout[slot].rank();
+  const int to = r == kMaxRank || (r > 1 && chance(rng, 50)) ? r - 1 : r + 1;
   edit(c, name(slot) + " of rank " + std::to_string(to), [slot, to](Target& t) {
     Tensor& x = *t.t[slot];
     for (int d = x.rank; d < to; ++d) x.shape[d] = x.stride[d] = 1;
@@ -153,14 +162,16 @@ bool bad_stride(Call* c, std::mt19937_64& rng, const Env&) {
   if (l.shape[last] > 1) dims.push_back(last);
   const int d = any_of(rng, dims);
   if (d < 0) return false;
-  const int64_t to = d == last && chance(rng, 50) ? pick<int64_t>(rng, {0, 2, 3}) : -int64_t(uniform(rng, 1, 64));
+  const int64_t to =
+      d == last && chance(rng, 50) ? pick<int64_t>(rng, {0, 2, 3}) : -int64_t(uniform(rng, 1, 64));
   edit(c, name(slot) + ".stride[" + std::to_string(d) + "] = " + std::to_string(to),
        [slot, d, to](Target& t) { t.t[slot]->stride[d] = to; });
   return true;
 }
 
 bool null_data(Call* c, std::mt19937_64& rng, const Env&) {
-  const int slot = any_of(rng, present(*c, {kQ, kK, kV, kOut, kLse, kDout, kDq, kDk, kDv, kCuQ, kCuK}, 1));
+  const int slot =
+      any_of(rng, present(*c, {kQ, kK, kV, kOut, kLse, kDout, kDq, kDk, kDv, kCuQ, kCuK}, 1));
   if (slot < 0) return false;
   edit(c, name(slot) + ".data = nullptr", [slot](Target& t) { t.t[slot]->data = nullptr; });
   return true;
@@ -182,10 +193,11 @@ bool bad_head_dim(Call* c, std::mt19937_64& rng, const Env&) {
   const int64_t to = zero ? 0 : uniform(rng, 1025, 4096);
   const std::initializer_list<int> like_q = {kQ, kK, kDq, kDk}, like_v = {kV, kOut, kDout, kDv};
   const std::vector<int> slots(zero ? like_q : like_v);
-  edit(c, std::string(zero ? "head_dim" : "head_dim_v") + " = " + std::to_string(to), [slots, to](Target& t) {
-    for (int s : slots)
-      if (t.t[s] && t.t[s]->rank) t.t[s]->shape[t.t[s]->rank - 1] = to;
-  });
+  edit(c, std::string(zero ? "head_dim" : "head_dim_v") + " = " + std::to_string(to),
+       [slots, to](Target& t) {
+         for (int s : slots)
+           if (t.t[s] && t.t[s]->rank) t.t[s]->shape[t.t[s]->rank - 1] = to;
+       });
   return true;
 }
 
@@ -202,12 +214,14 @@ bool cu_seqlens_shape(Call* c, std::mt19937_64& rng, const Env&) {
   const int r = uniform(rng, 0, 2);
   if (!c->p.varlen()) {
     edit(c, "maybe_cu_seqlens_q only, on a padded call", [](Target& t) {
-      *t.t[kCuQ] = Tensor::contiguous(zeros, DType::kI32, {2}, t.t[kQ]->device, t.t[kQ]->device_index);
+      *t.t[kCuQ] =
+          Tensor::contiguous(zeros, DType::kI32, {2}, t.t[kQ]->device, t.t[kQ]->device_index);
     });
   } else if (r == 0) {
     edit(c, "maybe_cu_seqlens_k absent", [](Target& t) { *t.t[kCuK] = Tensor{}; });
   } else if (r == 1) {
-    edit(c, "cu_seqlens of 0 entries", [](Target& t) { t.t[kCuQ]->shape[0] = t.t[kCuK]->shape[0] = 0; });
+    edit(c, "cu_seqlens of 0 entries",
+         [](Target& t) { t.t[kCuQ]->shape[0] = t.t[kCuK]->shape[0] = 0; });
   } else {
     const int to = pick(rng, {-1, -100, INT_MIN});
     const bool q = chance(rng, 50);
@@ -229,12 +243,16 @@ bool cu_seqlens_contents(Call* c, std::mt19937_64& rng, const Env&) {
     const int longest = slot == kCuQ ? c->p.max_len_q() : c->p.max_len_k();
     if (longest == 0) return false;
     (slot == kCuQ ? c->max_seqlen_q : c->max_seqlen_k) = longest - 1;
-    c->twist = std::string(slot == kCuQ ? "max_seqlen_q" : "max_seqlen_k") + " below the longest sequence";
+    c->twist =
+        std::string(slot == kCuQ ? "max_seqlen_q" : "max_seqlen_k") + " below the longest sequence";
   } else {
     int64_t at, to;
-    if (r == 0) at = 0, to = pick<int64_t>(rng, {1, -3, INT32_MIN});
-    else if (r == 1) at = n - 1, to = pick<int64_t>(rng, {total + 1, total + 5, INT32_MAX});
-    else at = uniform(rng, 1, int(n) - 1), to = -1;  // below its predecessor (>= 0)
+    if (r == 0)
+      at = 0, to = pick<int64_t>(rng, {1, -3, INT32_MIN});
+    else if (r == 1)
+      at = n - 1, to = pick<int64_t>(rng, {total + 1, total + 5, INT32_MAX});
+    else
+      at = uniform(rng, 1, int(n) - 1), to = -1;  // below its predecessor (>= 0)
     c->twist = name(slot) + "[" + std::to_string(at) + "] = " + std::to_string(to);
     c->edit_data = [slot, at, to](std::array<Buf, kSlots>& b) { b[slot].set(at, double(to)); };
   }
@@ -252,12 +270,13 @@ bool cu_seqlens_contents(Call* c, std::mt19937_64& rng, const Env&) {
 
 bool bad_scalar(Call* c, std::mt19937_64& rng, const Env&) {
   const int r = uniform(rng, 0, 5);
-  const double x = r == 0 ? pick(rng, {kNaN, kInf, -kInf})
-                 : r <= 2 ? pick<double>(rng, {-2, -1000, INT_MIN})
-                 : r == 3 ? pick(rng, {-1.0, -kInf, kNaN, kInf})
-                 : r == 4 ? pick(rng, {-0.1, 1.0, 1.5, kNaN, kInf})
-                          : pick<double>(rng, {-1, INT_MIN});
-  static const char* const kWhat[] = {"softmax_scale", "window_left", "window_right", "softcap", "dropout_p", "num_threads"};
+  const double x = r == 0   ? pick(rng, {kNaN, kInf, -kInf})
+                   : r <= 2 ? pick<double>(rng, {-2, -1000, INT_MIN})
+                   : r == 3 ? pick(rng, {-1.0, -kInf, kNaN, kInf})
+                   : r == 4 ? pick(rng, {-0.1, 1.0, 1.5, kNaN, kInf})
+                            : pick<double>(rng, {-1, INT_MIN});
+  static const char* const kWhat[] = {"softmax_scale", "window_left", "window_right",
+                                      "softcap",       "dropout_p",   "num_threads"};
   edit(c, std::string(kWhat[r]) + " = " + std::to_string(x), [r, x](Target& t) {
     CommonArgs& a = *t.c;
     switch (r) {
@@ -294,9 +313,8 @@ bool misaligned(Call* c, std::mt19937_64& rng, const Env& env) {
     c->twist = name(slot) + ".stride[" + std::to_string(d) + "] not a multiple of 16 bytes";
     return true;
   }
-  edit(c, name(slot) + ".data not aligned", [slot](Target& t) {
-    t.t[slot]->data = static_cast<std::byte*>(t.t[slot]->data) + 2;
-  });
+  edit(c, name(slot) + ".data not aligned",
+       [slot](Target& t) { t.t[slot]->data = static_cast<std::byte*>(t.t[slot]->data) + 2; });
   return true;
 }
 

@@ -58,15 +58,13 @@ def _torch_or_why():
 
 
 def pytest_collection_modifyitems(config, items):
-    import flashlab
-
     torch, why = _torch_or_why()
     skip_torch = pytest.mark.skip(reason=why)
     if torch is None:
         skip_cuda = skip_torch
     elif not torch.cuda.is_available():
         skip_cuda = pytest.mark.skip(reason="torch sees no CUDA device")
-    elif not flashlab.cuda_available():
+    elif not __import__("flashlab").cuda_available():
         skip_cuda = pytest.mark.skip(reason="this flashlab build has no CUDA kernels")
     else:
         skip_cuda = None

@@ -213,9 +213,29 @@ inline char* thread_slot(void* workspace, size_t slot_bytes, int i) {
 // column chunks (the padding is zero-filled, so it never carries NaN or denormals).
 inline int padded(int d) { return round_up(d, kMicroCols); }
 
+// The per-query-row vectors both kinds of task keep, [kBlockM] each, carved once by
+// carve_rows for QTiles and KTiles alike.
+struct RowTiles {
+  float* lse2;   // LSE · log2(e) (backward)
+  double* m2;    // split path: running max (base 2, fp64); in the backward the row's max
+  float* inv_l;  // split path, backward: 1 / row sum (0 for a row that saw no key)
+  float* Drow;   // rowsum(dO ∘ O) (backward)
+  int* kb;       // first key each query row sees
+  int* ke;       // one past its last key
+};
+
+inline void carve_rows(Arena& a, RowTiles& t) {
+  t.lse2 = a.take<float>(kBlockM);
+  t.m2 = a.take<double>(kBlockM);
+  t.inv_l = a.take<float>(kBlockM);
+  t.Drow = a.take<float>(kBlockM);
+  t.kb = a.take<int>(kBlockM);
+  t.ke = a.take<int>(kBlockM);
+}
+
 // One thread's tiles in the forward and in dQ (pass 2) tasks: queries are the columns of
 // the transposed tiles, keys the rows.
-struct QTiles {
+struct QTiles : RowTiles {
   float* Qt;     // [D, kBlockM]   transposed Q block, pre-scaled
   float* dOt;    // [Dv, kBlockM]  transposed dO block (backward only)
   float* K;      // [kBlockN, Dp]  K block, row-major (columns D..Dp zero in pass 2, where
@@ -229,14 +249,8 @@ struct QTiles {
   float* l;      // [kBlockM] running sum
   float* alpha;  // [kBlockM] rescale factor of this key block
   float* msafe;  // [kBlockM] max to subtract: 0 while the max is still −inf
-  double* m2;    // [kBlockM] split path: running max (base 2, fp64); in pass 2 the row's max
   double* m2safe;  // [kBlockM] split path: max to subtract (0 while the max is still −inf)
-  float* inv_l;  // [kBlockM] split path, backward: 1 / row sum (0 for a row that saw no key)
-  float* lse2;   // [kBlockM] LSE · log2(e) (backward)
-  float* Drow;   // [kBlockM] rowsum(dO ∘ O) (backward)
   float* row;    // [2, Dvp] one converted row of dO and one of O (backward)
-  int* kb;       // [kBlockM] first key each query sees
-  int* ke;       // [kBlockM] one past its last key
 };
 
 inline QTiles carve_q(const AttnParams& p, char* base, bool backward, size_t* bytes) {
@@ -254,21 +268,16 @@ inline QTiles carve_q(const AttnParams& p, char* base, bool backward, size_t* by
   t.l = a.take<float>(kBlockM);
   t.alpha = a.take<float>(kBlockM);
   t.msafe = a.take<float>(kBlockM);
-  t.m2 = a.take<double>(kBlockM);
   t.m2safe = a.take<double>(kBlockM);
-  t.inv_l = a.take<float>(kBlockM);
-  t.lse2 = a.take<float>(kBlockM);
-  t.Drow = a.take<float>(kBlockM);
   t.row = a.take<float>(2 * int64_t(Dvp));
-  t.kb = a.take<int>(kBlockM);
-  t.ke = a.take<int>(kBlockM);
+  carve_rows(a, t);
   *bytes = a.used();
   return t;
 }
 
 // One thread's tiles in dK/dV (pass 1) tasks: keys are the columns of the transposed
 // tiles, queries the rows.
-struct KTiles {
+struct KTiles : RowTiles {
   float* Kt;    // [D, kBlockN]   transposed K block, pre-scaled (columns n..kBlockN zero)
   float* Vt;    // [Dv, kBlockN]  transposed V block
   float* dK;    // [kBlockN, Dp]  dK accumulator
@@ -277,13 +286,7 @@ struct KTiles {
   float* dO;    // [kBlockM, Dvp] dO block, row-major (columns Dv..Dvp zero)
   float* S;     // [kBlockM, kBlockN] logits, then P
   float* dP;    // [kBlockM, kBlockN] dP, then dS
-  float* lse2;  // [kBlockM] LSE · log2(e)
-  double* m2;   // [kBlockM] split path: the row's max (base 2, fp64)
-  float* inv_l;  // [kBlockM] split path: 1 / the row's sum
-  float* Drow;  // [kBlockM] rowsum(dO ∘ O)
   float* row;   // [Dvp] one converted row of O
-  int* kb;      // [kBlockM] first key each query row sees
-  int* ke;      // [kBlockM] one past its last key
 };
 
 inline KTiles carve_k(const AttnParams& p, char* base, size_t* bytes) {
@@ -298,13 +301,8 @@ inline KTiles carve_k(const AttnParams& p, char* base, size_t* bytes) {
   t.dO = a.take<float>(int64_t(kBlockM) * Dvp);
   t.S = a.take<float>(int64_t(kBlockM) * kBlockN);
   t.dP = a.take<float>(int64_t(kBlockM) * kBlockN);
-  t.lse2 = a.take<float>(kBlockM);
-  t.m2 = a.take<double>(kBlockM);
-  t.inv_l = a.take<float>(kBlockM);
-  t.Drow = a.take<float>(kBlockM);
   t.row = a.take<float>(Dvp);
-  t.kb = a.take<int>(kBlockM);
-  t.ke = a.take<int>(kBlockM);
+  carve_rows(a, t);
   *bytes = a.used();
   return t;
 }

@@ -2,24 +2,18 @@
 // as raw uint16_t bits, converted with round-to-nearest-even as the GPU does.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "flashlab/flashlab.h"
 
 namespace flashlab {
 
-inline float bf16_bits_to_float(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline float bf16_bits_to_float(uint16_t h) { return std::bit_cast<float>(uint32_t(h) << 16); }
 
 inline uint16_t float_to_bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  uint32_t u = std::bit_cast<uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
   return uint16_t(u >> 16);
@@ -46,22 +40,17 @@ inline float half_bits_to_float(uint16_t h) {
   } else {
     u = sign | (exp + 127 - 15) << 23 | man << 13;
   }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  return std::bit_cast<float>(u);
 }
 
 inline uint16_t float_to_half_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  const uint32_t u = std::bit_cast<uint32_t>(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t abs = u & 0x7fffffffu;
   if (abs > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
   if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to inf
   if (abs < 0x38800000u) {  // subnormal or zero in half: value = m · 2^-24
-    float a;
-    std::memcpy(&a, &abs, 4);
-    float scaled = a * 16777216.f;  // exact: power of two
+    float scaled = std::bit_cast<float>(abs) * 16777216.f;  // exact: power of two
     return uint16_t(sign | uint32_t(std::nearbyint(scaled)));
   }
   uint32_t mant_round = abs + 0xfffu + ((abs >> 13) & 1u);  // nearest even at bit 13

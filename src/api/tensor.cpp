@@ -20,31 +20,33 @@ const char* to_string(StatusCode code) noexcept {
   return "unknown";
 }
 
-const char* to_string(DType dtype) noexcept {
+namespace {
+
+// Every DType's name and element size, in one switch (the compiler flags a DType left out).
+struct DTypeFacts {
+  const char* name;
+  size_t size;
+};
+DTypeFacts facts(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "fp32";
-    case DType::kF16: return "fp16";
-    case DType::kBF16: return "bf16";
-    case DType::kF64: return "fp64";
-    case DType::kI32: return "int32";
+    case DType::kF32: return {"fp32", 4};
+    case DType::kF16: return {"fp16", 2};
+    case DType::kBF16: return {"bf16", 2};
+    case DType::kF64: return {"fp64", 8};
+    case DType::kI32: return {"int32", 4};
   }
-  return "?";
+  return {"?", 0};
 }
+
+}  // namespace
+
+const char* to_string(DType dtype) noexcept { return facts(dtype).name; }
 
 const char* to_string(Device device) noexcept {
   return device == Device::kCPU ? "cpu" : "cuda";
 }
 
-size_t dtype_size(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kF16: return 2;
-    case DType::kBF16: return 2;
-    case DType::kF64: return 8;
-    case DType::kI32: return 4;
-  }
-  return 0;
-}
+size_t dtype_size(DType dtype) noexcept { return facts(dtype).size; }
 
 namespace {
 

@@ -59,12 +59,9 @@ Status attention_bytes(const ForwardArgs& args, Bytes* bytes) noexcept;
 // ---------------------------------------------------------------------------------------
 struct Problem {
   int batch = 1;
-  int heads_q = 8;
-  int heads_kv = 8;
-  int seqlen_q = 4096;
-  int seqlen_k = 4096;
-  int head_dim = 128;
-  int head_dim_v = 128;
+  int heads_q = 8, heads_kv = 8;
+  int seqlen_q = 4096, seqlen_k = 4096;
+  int head_dim = 128, head_dim_v = 128;
   DType dtype = DType::kF32;
   Device device = Device::kCPU;
   bool causal = false;

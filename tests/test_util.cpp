@@ -459,17 +459,25 @@ void fill_common(const Problem& p, const Tensor& cu_q, const Tensor& cu_k, Commo
   a->num_threads = p.num_threads;
 }
 
-}  // namespace
-
-ForwardArgs forward_args(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                         const Tensor& out, const Tensor& lse, const Tensor& cu_q,
-                         const Tensor& cu_k) {
-  ForwardArgs a;
+// What forward_args and backward_args share: the options and the q, k, v, out views.
+template <class Args>
+Args common_args(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Tensor& out, const Tensor& cu_q, const Tensor& cu_k) {
+  Args a;
   fill_common(p, cu_q, cu_k, &a);
   a.q = q;
   a.k = k;
   a.v = v;
   a.out = out;
+  return a;
+}
+
+}  // namespace
+
+ForwardArgs forward_args(const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& out, const Tensor& lse, const Tensor& cu_q,
+                         const Tensor& cu_k) {
+  ForwardArgs a = common_args<ForwardArgs>(p, q, k, v, out, cu_q, cu_k);
   a.maybe_lse = lse;
   return a;
 }
@@ -478,12 +486,7 @@ BackwardArgs backward_args(const Problem& p, const Tensor& q, const Tensor& k, c
                            const Tensor& out, const Tensor& dout, const Tensor& lse,
                            const Tensor& dq, const Tensor& dk, const Tensor& dv,
                            const Tensor& cu_q, const Tensor& cu_k) {
-  BackwardArgs a;
-  fill_common(p, cu_q, cu_k, &a);
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.out = out;
+  BackwardArgs a = common_args<BackwardArgs>(p, q, k, v, out, cu_q, cu_k);
   a.dout = dout;
   a.lse = lse;
   a.dq = dq;

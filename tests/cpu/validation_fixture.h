@@ -73,41 +73,43 @@ class ValidationTest : public ::testing::Test {
     a->workspace_bytes = workspace.size() * sizeof(double);
   }
 
-  ForwardArgs fwd() {
+  ForwardArgs fwd() { return fwd_with(q, k, v, out, lse.view()); }
+
+  // The baseline on other q, k, v, out tensors, and with `lse_` as maybe_lse (none unless
+  // given).
+  ForwardArgs fwd_with(const HostTensor& q_, const HostTensor& k_, const HostTensor& v_,
+                       const HostTensor& out_, Tensor lse_ = {}) {
     ForwardArgs a;
     common(&a);
-    a.q = q.view();
-    a.k = k.view();
-    a.v = v.view();
-    a.out = out.view();
-    a.maybe_lse = lse.view();
+    a.q = q_.view(), a.k = k_.view(), a.v = v_.view(), a.out = out_.view();
+    a.maybe_lse = lse_;
     return a;
   }
 
-  // The baseline with other q, k, v, out views and no LSE.
-  ForwardArgs fwd_with(const HostTensor& q_, const HostTensor& k_, const HostTensor& v_,
-                       const HostTensor& out_) {
-    ForwardArgs a = fwd();
-    a.q = q_.view();
-    a.k = k_.view();
-    a.v = v_.view();
-    a.out = out_.view();
-    a.maybe_lse = Tensor{};
+  // The forward into empty out_ and lse_ is valid and writes nothing (they stay poisoned);
+  // returns its arguments.
+  ForwardArgs expect_empty_forward_ok(const HostTensor& q_, const HostTensor& k_,
+                                      const HostTensor& v_, HostTensor& out_, HostTensor& lse_) {
+    out_.poison();
+    lse_.poison();
+    ForwardArgs a = fwd_with(q_, k_, v_, out_, lse_.view());
+    EXPECT_OK(forward(a));
+    EXPECT_TRUE(out_.untouched("out"));
+    EXPECT_TRUE(lse_.untouched("lse"));
     return a;
   }
 
-  BackwardArgs bwd() {
+  BackwardArgs bwd() { return bwd_with(q, k, v, out, dout, lse, dq, dk, dv); }
+
+  // The backward on other tensors.
+  BackwardArgs bwd_with(const HostTensor& q_, const HostTensor& k_, const HostTensor& v_,
+                        const HostTensor& out_, const HostTensor& dout_, const HostTensor& lse_,
+                        const HostTensor& dq_, const HostTensor& dk_, const HostTensor& dv_) {
     BackwardArgs a;
     common(&a);
-    a.q = q.view();
-    a.k = k.view();
-    a.v = v.view();
-    a.out = out.view();
-    a.dout = dout.view();
-    a.lse = lse.view();
-    a.dq = dq.view();
-    a.dk = dk.view();
-    a.dv = dv.view();
+    a.q = q_.view(), a.k = k_.view(), a.v = v_.view(), a.out = out_.view();
+    a.dout = dout_.view(), a.lse = lse_.view();
+    a.dq = dq_.view(), a.dk = dk_.view(), a.dv = dv_.view();
     return a;
   }
 
@@ -130,6 +132,15 @@ class ValidationTest : public ::testing::Test {
     EXPECT_EQ(sk.code(), s.code()) << "select_kernel: " << sk.message();
     EXPECT_EQ(sk.message(), s.message());
     EXPECT_EQ(name, "untouched") << "select_kernel wrote its result on an error";
+  }
+
+  // The baseline forward with extent `dim` of tensor `t` set to `extent` is refused with
+  // kInvalidArgument and `message`.
+  void expect_extent_rejected(Tensor ForwardArgs::*t, int dim, int64_t extent,
+                              std::string_view message) {
+    ForwardArgs a = fwd();
+    (a.*t).shape[dim] = extent;
+    expect_fwd_rejected(a, StatusCode::kInvalidArgument, {message});
   }
 
   void expect_bwd_rejected(const BackwardArgs& a, StatusCode code,
@@ -181,13 +192,12 @@ class VarlenValidationTest : public ValidationTest {
     vlse.poison();
   }
 
-  ForwardArgs vfwd() {
-    ForwardArgs a = fwd();
-    a.q = vq.view();
-    a.k = vk.view();
-    a.v = vv.view();
-    a.out = vout.view();
-    a.maybe_lse = vlse.view();
+  ForwardArgs vfwd() { return vfwd_with(vq, vk, vv, vout, vlse); }
+
+  // The varlen baseline on other q, k, v, out, lse tensors.
+  ForwardArgs vfwd_with(const HostTensor& q_, const HostTensor& k_, const HostTensor& v_,
+                        const HostTensor& out_, const HostTensor& lse_) {
+    ForwardArgs a = fwd_with(q_, k_, v_, out_, lse_.view());
     a.maybe_cu_seqlens_q = cu_q.view();
     a.maybe_cu_seqlens_k = cu_k.view();
     a.max_seqlen_q = 3;

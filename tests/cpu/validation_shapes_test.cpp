@@ -149,30 +149,19 @@ TEST_F(ValidationTest, BatchMismatch) {
 }
 
 TEST_F(ValidationTest, SeqlenMismatch) {
-  ForwardArgs a = fwd();
-  a.v.shape[1] = 3;
-  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"v.shape[1] (seqlen_k) must be 4"});
-  a = fwd();
-  a.out.shape[1] = 4;
-  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"out.shape[1] (seqlen_q) must be 3"});
+  expect_extent_rejected(&ForwardArgs::v, 1, 3, "v.shape[1] (seqlen_k) must be 4");
+  expect_extent_rejected(&ForwardArgs::out, 1, 4, "out.shape[1] (seqlen_q) must be 3");
 }
 
 TEST_F(ValidationTest, HeadsMismatch) {
-  ForwardArgs a = fwd();
-  a.v.shape[2] = 1;
-  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"v.shape[2] (heads_kv) must be 2"});
-  a = fwd();
-  a.out.shape[2] = 2;
-  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"out.shape[2] (heads_q) must be 4"});
+  expect_extent_rejected(&ForwardArgs::v, 2, 1, "v.shape[2] (heads_kv) must be 2");
+  expect_extent_rejected(&ForwardArgs::out, 2, 2, "out.shape[2] (heads_q) must be 4");
 }
 
 TEST_F(ValidationTest, HeadDimMismatch) {
-  ForwardArgs a = fwd();
-  a.k.shape[3] = 4;
-  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"k.shape[3] (head_dim) must be 8"});
-  a = fwd();
-  a.out.shape[3] = 4;  // head_dim_v comes from v
-  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"out.shape[3] (head_dim_v) must be 8"});
+  expect_extent_rejected(&ForwardArgs::k, 3, 4, "k.shape[3] (head_dim) must be 8");
+  // head_dim_v comes from v
+  expect_extent_rejected(&ForwardArgs::out, 3, 4, "out.shape[3] (head_dim_v) must be 8");
 }
 
 TEST_F(ValidationTest, GradientShapeMismatch) {

@@ -115,12 +115,7 @@ TEST_F(VarlenValidationTest, AllSequencesEmptyIsValid) {
       e_l(DType::kF32, {Hq, 0});
   e_o.poison();
   e_l.poison();
-  ForwardArgs a = vfwd();
-  a.q = e_q.view();
-  a.k = e_k.view();
-  a.v = e_k.view();
-  a.out = e_o.view();
-  a.maybe_lse = e_l.view();
+  ForwardArgs a = vfwd_with(e_q, e_k, e_k, e_o, e_l);
   a.max_seqlen_q = a.max_seqlen_k = 0;
   EXPECT_OK(forward(a));
   EXPECT_TRUE(e_o.untouched("out"));

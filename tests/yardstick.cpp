@@ -22,6 +22,14 @@ std::vector<float> as_floats(const HostTensor& t) {
   return v;
 }
 
+// The inputs both emulations read, as float copies.
+struct Floats {
+  std::vector<float> q, k, v, dout;
+};
+Floats as_floats(const Inputs& in) {
+  return {as_floats(in.q), as_floats(in.k), as_floats(in.v), as_floats(in.dout)};
+}
+
 // Where sequence b starts in the packed row numbering that padded and varlen inputs
 // share, and where LSE row (b, h, i) lives: the bookkeeping of both emulations below.
 struct Packing {
@@ -58,23 +66,24 @@ Results zero_results(const Problem& p, bool with_backward) {
 }
 
 // One task of both emulations: batch entry b and kv head hk, with its sequence's rows in
-// the packed float copies (row i of q/dout at packed row start_q + i, heads_q per row; key j
-// of k/v at start_k + j, heads_kv per row).
+// the packed float copies `floats` (row i of q/dout at packed row start_q + i, heads_q per
+// row; key j of k/v at start_k + j, heads_kv per row).
 struct Task {
   int b = 0, hk = 0, lq = 0, lk = 0;
   int64_t start_q = 0, start_k = 0;
   int heads_q = 0, heads_kv = 0, D = 0, Dv = 0;
-  const float* q(const std::vector<float>& Q, int i, int h) const {
-    return Q.data() + size_t(((start_q + i) * heads_q + h) * D);
+  const Floats* floats = nullptr;
+  const float* q(int i, int h) const {
+    return floats->q.data() + size_t(((start_q + i) * heads_q + h) * D);
   }
-  const float* dout(const std::vector<float>& dO, int i, int h) const {
-    return dO.data() + size_t(((start_q + i) * heads_q + h) * Dv);
+  const float* dout(int i, int h) const {
+    return floats->dout.data() + size_t(((start_q + i) * heads_q + h) * Dv);
   }
-  const float* k(const std::vector<float>& K, int j) const {
-    return K.data() + size_t(((start_k + j) * heads_kv + hk) * D);
+  const float* k(int j) const {
+    return floats->k.data() + size_t(((start_k + j) * heads_kv + hk) * D);
   }
-  const float* v(const std::vector<float>& V, int j) const {
-    return V.data() + size_t(((start_k + j) * heads_kv + hk) * Dv);
+  const float* v(int j) const {
+    return floats->v.data() + size_t(((start_k + j) * heads_kv + hk) * Dv);
   }
   // Writes the task's dK and dV rows ([lk, D] and [lk, Dv] sums over the group's heads)
   // into the results, through the emulation's last rounding step.
@@ -89,9 +98,9 @@ struct Task {
   }
 };
 
-// Calls f(task) for every (batch entry, kv head), in parallel.
+// Calls f(task) for every (batch entry, kv head) of the inputs `floats`, in parallel.
 template <class F>
-void for_each_task(const Problem& p, const Packing& pk, F&& f) {
+void for_each_task(const Problem& p, const Packing& pk, const Floats& floats, F&& f) {
   const int tasks = p.batch * p.heads_kv;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int t = 0; t < tasks; ++t) {
@@ -106,6 +115,7 @@ void for_each_task(const Problem& p, const Packing& pk, F&& f) {
     k.heads_kv = p.heads_kv;
     k.D = p.head_dim;
     k.Dv = p.head_dim_v;
+    k.floats = &floats;
     f(k);
   }
 }
@@ -126,21 +136,15 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
   const int D = p.head_dim, Dv = p.head_dim_v;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-  std::vector<float> Qs = as_floats(in.q), Ks = as_floats(in.k);
-  for (float& x : Qs) x = rnd(x * q_mul);
-  for (float& x : Ks) x = rnd(x * k_mul);
-  const std::vector<float> V = as_floats(in.v), dO = as_floats(in.dout);
+  Floats floats = as_floats(in);
+  for (float& e : floats.q) e = rnd(e * q_mul);
+  for (float& e : floats.k) e = rnd(e * k_mul);
   // Row r of sequence b, in the packed numbering both layouts share.
   const Packing pk(p);
-  auto lse_index = [&](int b, int h, int i) { return pk.lse_index(b, h, i); };
   Results r = zero_results(p, with_backward);
 
-  for_each_task(p, pk, [&](const Task& t) {
+  for_each_task(p, pk, floats, [&](const Task& t) {
     const int b = t.b, hk = t.hk, lq = t.lq, lk = t.lk;
-    auto q_at = [&](int i, int h) { return t.q(Qs, i, h); };
-    auto do_at = [&](int i, int h) { return t.dout(dO, i, h); };
-    auto k_at = [&](int j) { return t.k(Ks, j); };
-    auto v_at = [&](int j) { return t.v(V, j); };
     // Dropout's factor (torch: x · mask · 1/(1 − p)): 0, 1/(1 − p), or 1 when off.
     auto zf = [&](int h, int i, int j) {
       if (!drop.enabled()) return 1.f;
@@ -160,13 +164,13 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
         std::fill(prow, prow + lk, 0.f);
         const int64_t orow = ((t.start_q + i) * Hq + h) * Dv;
         if (jb >= je) {  // sees no key
-          r.lse[size_t(lse_index(b, h, i))] = -std::numeric_limits<double>::infinity();
+          r.lse[size_t(pk.lse_index(b, h, i))] = -std::numeric_limits<double>::infinity();
           continue;
         }
         float m = kNegInf;
         for (int j = jb; j < je; ++j) {
-          const float* qi = q_at(i, h);
-          const float* kj = k_at(j);
+          const float* qi = t.q(i, h);
+          const float* kj = t.k(j);
           float dot = 0.f;
           for (int d = 0; d < D; ++d) dot += qi[d] * kj[d];
           float s = rnd(dot);
@@ -179,11 +183,11 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
         }
         float l = 0.f;
         for (int j = jb; j < je; ++j) l += std::exp(S[j] - m);
-        r.lse[size_t(lse_index(b, h, i))] = m + std::log(l);
+        r.lse[size_t(pk.lse_index(b, h, i))] = m + std::log(l);
         for (int j = jb; j < je; ++j) prow[j] = rnd(std::exp(S[j] - m) / l);
         std::fill(acc.begin(), acc.begin() + Dv, 0.f);
         for (int j = jb; j < je; ++j) {
-          const float* vj = v_at(j);
+          const float* vj = t.v(j);
           const float z = rnd(prow[j] * zf(h, i, j));
           for (int d = 0; d < Dv; ++d) acc[d] += z * vj[d];
         }
@@ -197,11 +201,11 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
         const int jb = mask.key_begin(i, lq, lk), je = mask.key_end(i, lq, lk);
         const float* prow = P.data() + size_t(i) * lk;
         const float* urow = U.data() + size_t(i) * lk;
-        const float* doi = do_at(i, h);
+        const float* doi = t.dout(i, h);
         float* dsrow = dS.data() + size_t(i) * lk;
         float rowsum = 0.f;
         for (int j = jb; j < je; ++j) {
-          const float* vj = v_at(j);
+          const float* vj = t.v(j);
           float dp = 0.f;
           for (int d = 0; d < Dv; ++d) dp += doi[d] * vj[d];
           const float f = zf(h, i, j);
@@ -216,9 +220,9 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
           dsrow[j] = ds;
         }
         std::fill(acc.begin(), acc.begin() + D, 0.f);
-        const float* qi = q_at(i, h);
+        const float* qi = t.q(i, h);
         for (int j = jb; j < je; ++j) {
-          const float* kj = k_at(j);
+          const float* kj = t.k(j);
           for (int d = 0; d < D; ++d) {
             acc[d] += dsrow[j] * kj[d];
             dk_h[size_t(j) * D + d] += dsrow[j] * qi[d];
@@ -245,18 +249,12 @@ Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward
   const int D = p.head_dim, Dv = p.head_dim_v;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-  const std::vector<float> Q = as_floats(in.q), K = as_floats(in.k), V = as_floats(in.v),
-                           dO = as_floats(in.dout);
+  const Floats floats = as_floats(in);
   const Packing pk(p);
-  auto lse_index = [&](int b, int h, int i) { return pk.lse_index(b, h, i); };
   Results r = zero_results(p, with_backward);
 
-  for_each_task(p, pk, [&](const Task& t) {
+  for_each_task(p, pk, floats, [&](const Task& t) {
     const int b = t.b, hk = t.hk, lq = t.lq, lk = t.lk;
-    auto q_at = [&](int i, int h) { return t.q(Q, i, h); };
-    auto do_at = [&](int i, int h) { return t.dout(dO, i, h); };
-    auto k_at = [&](int j) { return t.k(K, j); };
-    auto v_at = [&](int j) { return t.v(V, j); };
     // Dropout's mask (0 or 1; FA2 applies 1/(1 − p) with the final normalization).
     auto kept = [&](int h, int i, int j) {
       return !drop.enabled() || drop.keep(uint32_t(b * Hq + h), i, j) ? 1.f : 0.f;
@@ -265,6 +263,8 @@ Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward
     std::vector<float> dk_acc(size_t(lk) * D, 0.f), dv_acc(size_t(lk) * Dv, 0.f);
     std::vector<float> acc(std::max(D, Dv));
 
+    // run_lowp's loops over heads, rows and key ranges, alike on purpose: the two
+    // emulations differ in where they round, and side by side that difference shows.
     for (int h = hk * G; h < (hk + 1) * G; ++h) {
       for (int i = 0; i < lq; ++i) {
         const int jb = mask.key_begin(i, lq, lk), je = mask.key_end(i, lq, lk);
@@ -273,13 +273,13 @@ Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward
         std::fill(o, o + Dv, 0.f);
         if (jb >= je) {
           lse[i] = kNegInf;
-          r.lse[size_t(lse_index(b, h, i))] = kNegInf;
+          r.lse[size_t(pk.lse_index(b, h, i))] = kNegInf;
           continue;
         }
         float m = kNegInf;
         for (int j = jb; j < je; ++j) {
           float dot = 0.f;
-          for (int d = 0; d < D; ++d) dot += q_at(i, h)[d] * k_at(j)[d];
+          for (int d = 0; d < D; ++d) dot += t.q(i, h)[d] * t.k(j)[d];
           srow[j] = mask.logit(dot * scale);
           m = std::max(m, srow[j]);
         }
@@ -289,10 +289,10 @@ Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward
           const float e = std::exp(srow[j] - m);
           l += e;
           const float pe = rnd(e) * kept(h, i, j);
-          for (int d = 0; d < Dv; ++d) acc[d] += pe * v_at(j)[d];
+          for (int d = 0; d < Dv; ++d) acc[d] += pe * t.v(j)[d];
         }
         lse[i] = m + std::log(l);
-        r.lse[size_t(lse_index(b, h, i))] = lse[i];
+        r.lse[size_t(pk.lse_index(b, h, i))] = lse[i];
         const int64_t orow = ((t.start_q + i) * Hq + h) * Dv;
         for (int d = 0; d < Dv; ++d) {
           o[d] = rnd(acc[d] / l * drop.rescale);
@@ -302,7 +302,7 @@ Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward
       if (!with_backward) continue;
       for (int i = 0; i < lq; ++i) {
         const int jb = mask.key_begin(i, lq, lk), je = mask.key_end(i, lq, lk);
-        const float* doi = do_at(i, h);
+        const float* doi = t.dout(i, h);
         float Di = 0.f;
         for (int d = 0; d < Dv; ++d) Di += doi[d] * O[size_t(i) * Dv + d];
         std::fill(acc.begin(), acc.begin() + D, 0.f);
@@ -312,14 +312,14 @@ Results run_fa2_emulation(const Problem& p, const Inputs& in, bool with_backward
           const float f = kept(h, i, j) * drop.rescale;
           float dp = 0.f;
           for (int d = 0; d < Dv; ++d) {
-            dp += doi[d] * v_at(j)[d];
+            dp += doi[d] * t.v(j)[d];
             dv_acc[size_t(j) * Dv + d] += rnd(pij) * f * doi[d];
           }
           dp *= f;
           const float ds = rnd(pij * (dp - Di) * mask.dlogit(t_ij));
           for (int d = 0; d < D; ++d) {
-            acc[d] += ds * k_at(j)[d];
-            dk_acc[size_t(j) * D + d] += ds * q_at(i, h)[d];
+            acc[d] += ds * t.k(j)[d];
+            dk_acc[size_t(j) * D + d] += ds * t.q(i, h)[d];
           }
         }
         const int64_t qrow = ((t.start_q + i) * Hq + h) * D;

@@ -6,14 +6,14 @@
 
 namespace flashlab {
 
-#define FL_KERNEL(f) KernelEntry f();
+#define FL_KERNEL(ns, f) namespace ns { KernelEntry f(); }
 #include "kernel_list.h"
 #undef FL_KERNEL
 
 namespace {
 
 constexpr size_t kCount = 0
-#define FL_KERNEL(f) +1
+#define FL_KERNEL(ns, f) +1
 #include "kernel_list.h"
 #undef FL_KERNEL
     ;
@@ -23,7 +23,7 @@ constexpr size_t kCount = 0
 const std::array<KernelEntry, kCount>& table() noexcept {
   static const std::array<KernelEntry, kCount> entries = [] {
     std::array<KernelEntry, kCount> a = {
-#define FL_KERNEL(f) f(),
+#define FL_KERNEL(ns, f) ns::f(),
 #include "kernel_list.h"
 #undef FL_KERNEL
     };

@@ -20,6 +20,7 @@ struct Ablation {
   const char* name;
   const char* summary;
 };
+// A table, one row per ablation: its rows are alike by design.
 constexpr Ablation kAblations[] = {
     {Schedule::kNoPingpong, "cute_fa3_no_pingpong",
      "cute_fa3 without pingpong (both consumer warpgroups issue their wgmma at will); bf16 head "
@@ -72,15 +73,10 @@ KernelEntry ablation_entry() {
 }
 
 }  // namespace
+
+KernelEntry cute_fa3_no_pingpong_entry() { return ablation_entry<Schedule::kNoPingpong>(); }
+KernelEntry cute_fa3_no_overlap_entry() { return ablation_entry<Schedule::kNoOverlap>(); }
+KernelEntry cute_fa3_serial_entry() { return ablation_entry<Schedule::kSerial>(); }
+KernelEntry cute_fa3_persistent_entry() { return ablation_entry<Schedule::kPersistent>(); }
+
 }  // namespace flashlab::sm90
-
-namespace flashlab {
-
-using sm90::Schedule;
-
-KernelEntry cute_fa3_no_pingpong_entry() { return sm90::ablation_entry<Schedule::kNoPingpong>(); }
-KernelEntry cute_fa3_no_overlap_entry() { return sm90::ablation_entry<Schedule::kNoOverlap>(); }
-KernelEntry cute_fa3_serial_entry() { return sm90::ablation_entry<Schedule::kSerial>(); }
-KernelEntry cute_fa3_persistent_entry() { return sm90::ablation_entry<Schedule::kPersistent>(); }
-
-}  // namespace flashlab

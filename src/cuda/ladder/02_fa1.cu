@@ -67,6 +67,12 @@ using namespace simt;  // the tile layout shared with rung 3 (simt_fwd_tiles.cuh
 // splitting each (batch, head)'s Q blocks over several thread blocks.
 constexpr int kTargetBlocksPerSm = 8;
 
+// The summary `flashlab list` shows; the registry entry closes this file.
+constexpr char kSummary[] =
+    "rung 2: FlashAttention-1's Algorithm 1 on CUDA cores: K/V blocks outside, Q blocks inside, "
+    "running O/m/ℓ through an O(seqlen) fp32 workspace in HBM; fp32/fp16/bf16, head dims <= 256, "
+    "every mask, GQA, varlen; forward only";
+
 // ---- the kernel --------------------------------------------------------------------------
 // The workspace: running O, m, ℓ of every query row of every head, in HBM.
 struct Workspace {
@@ -190,19 +196,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kHeadDim))
       // Per-element mask only where the block is cut for this warp's rows (warp-uniform).
       const bool cut =
           j0 + kBlockN > len_k || !mask.tile_is_full(wi0, wi1, j0, j0 + kBlockN, len_q, len_k);
-      if (cut) {
-#pragma unroll
-        for (int r = 0; r < kRowsPerThread; ++r) {
-          // Keys row i sees, shifted to this thread's first key j0 + key0; clamped to
-          // len_k, so the zero rows past the end of the keys are outside too.
-          const int i = i0 + row0 + r;
-          const int lo = mask.key_begin(i, len_q, len_k) - j0 - key0;
-          const int hi = mask.key_end(i, len_q, len_k) - j0 - key0;
-#pragma unroll
-          for (int c = 0; c < kKeysPerThread; ++c)
-            if (c < lo || c >= hi) s[r][c] = -INFINITY;
-        }
-      }
+      if (cut) mask_cut_tile(s, mask, i0 + row0, j0 + key0, len_q, len_k);
 
       // Line 8, continued: ℓ_i, m_i from HBM (rows past len_q: as if they had seen nothing).
       float m_old[kRowsPerThread], l_old[kRowsPerThread];
@@ -274,6 +268,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kHeadDim))
         accumulate_pv<kHeadDim, true>(p_tile, v_tile, row0, t, pv);
       else
         accumulate_pv<kHeadDim, false>(p_tile, v_tile, row0, t, pv);
+      // The walk over this thread's rows and slabs, alike in rung 5's dQ update on purpose:
+      // the loop is the layout, what each writes differs.
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r) {
         const int i = i0 + row0 + r;
@@ -335,13 +331,8 @@ size_t workspace(const FwdParams& p) { return o_bytes(p) + 2 * row_bytes(p); }
 
 template <class T, int kHeadDim>
 Status launch(const FwdParams& p, const Workspace& ws, int splits) {
-  const auto kernel = fa1_kernel<T, kHeadDim>;
-  constexpr int kSmem = smem_bytes(kHeadDim);
-  if (Status s = prepare_simt_fwd_launch(kernel, kSmem); !s.ok()) return s;
-  const dim3 grid(splits, p.heads_q, p.batch);
-  kernel<<<grid, kThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(p, ws);
-  FL_CUDA_CHECK_LAUNCH();
-  return {};
+  return launch_simt_fwd<kHeadDim>(fa1_kernel<T, kHeadDim>, dim3(splits, p.heads_q, p.batch), p,
+                                   p, ws);
 }
 
 std::string supports(const FwdParams& p) {
@@ -367,17 +358,11 @@ Status run(const FwdParams& p) {
 }
 
 }  // namespace
-}  // namespace flashlab::cuda
 
-namespace flashlab {
-
+// auto_priority 0 (the default): a teaching rung, run only when named.
 KernelEntry fa1_entry() {
-  // auto_priority 0 (the default): a teaching rung, run only when named.
-  return {.info = {"fa1", "sm80+",
-                   "rung 2: FlashAttention-1's Algorithm 1 on CUDA cores: K/V blocks outside, Q "
-                   "blocks inside, running O/m/ℓ through an O(seqlen) fp32 workspace in HBM; "
-                   "fp32/fp16/bf16, head dims <= 256, every mask, GQA, varlen; forward only"},
-          .supports_fwd = cuda::supports, .workspace_fwd = cuda::workspace, .run_fwd = cuda::run};
+  return {.info = {"fa1", "sm80+", kSummary},
+          .supports_fwd = supports, .workspace_fwd = workspace, .run_fwd = run};
 }
 
-}  // namespace flashlab
+}  // namespace flashlab::cuda

@@ -47,6 +47,12 @@
 namespace flashlab::cuda {
 namespace {
 
+// The summary `flashlab list` shows; the registry entry closes this file.
+constexpr char kSummary[] =
+    "rung 3: FlashAttention-2 forward on CUDA cores: a block owns 64 query rows, O/m/ℓ in "
+    "registers, lazy rescaling, exp2, masked tiles skipped; fp32/fp16/bf16, head dims <= 256, "
+    "every mask, GQA, varlen; forward only";
+
 using namespace simt;  // the tile layout shared with rung 2 (simt_fwd_tiles.cuh)
 
 // ---- the kernel --------------------------------------------------------------------------
@@ -82,6 +88,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kHeadDim))
   const int t = tid % kLanesPerRow;                      // channels 64s + 4t .. 64s + 4t + 3
   const int key0 = t * kKeysPerThread;                   // keys key0 .. key0 + 3 of a tile
 
+  // Alike in rung 4's kernel on purpose: each rung addresses its tensors itself, so that
+  // each file reads on its own.
   const T* q_src = static_cast<const T*>(p.q) + b * p.q_batch_stride +
                    (seq.start_q + i0) * p.q_row_stride + h * p.q_head_stride;
   const T* k_seq = static_cast<const T*>(p.k) + b * p.k_batch_stride +
@@ -138,19 +146,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kHeadDim))
     // Per-element mask only where the tile is cut for this warp's rows (warp-uniform).
     const bool cut =
         j0 + kBlockN > len_k || !mask.tile_is_full(wi0, wi1, j0, j0 + kBlockN, len_q, len_k);
-    if (cut) {
-#pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r) {
-        // Keys row i sees, shifted to this thread's first key j0 + key0; clamped to len_k,
-        // so the zero rows past the end of the keys are outside too.
-        const int i = i0 + row0 + r;
-        const int lo = mask.key_begin(i, len_q, len_k) - j0 - key0;
-        const int hi = mask.key_end(i, len_q, len_k) - j0 - key0;
-#pragma unroll
-        for (int c = 0; c < kKeysPerThread; ++c)
-          if (c < lo || c >= hi) s[r][c] = -INFINITY;
-      }
-    }
+    if (cut) mask_cut_tile(s, mask, i0 + row0, j0 + key0, len_q, len_k);
 
     // Online softmax with lazy rescaling: O and ℓ are multiplied by 2^(m_old − m_new)
     // and never divided until the end.
@@ -200,6 +196,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kHeadDim))
     inv_l[r] = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key: O = 0
     lse[r] = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
   }
+  // The walk over this thread's rows and 64-channel slabs, alike in rung 5's dK/dV store
+  // on purpose: the loop is the layout, and each store's destination and bounds differ.
   T* o_dst = static_cast<T*>(p.out) + b * p.o_batch_stride + (seq.start_q + i0) * p.o_row_stride +
              h * p.o_head_stride;
 #pragma unroll
@@ -222,13 +220,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kHeadDim))
 // ---- launch ------------------------------------------------------------------------------
 template <class T, int kHeadDim>
 Status launch(const FwdParams& p) {
-  const auto kernel = fa2_simt_kernel<T, kHeadDim>;
-  constexpr int kSmem = smem_bytes(kHeadDim);
-  if (Status s = prepare_simt_fwd_launch(kernel, kSmem); !s.ok()) return s;
   const dim3 grid((p.seqlen_q + kBlockM - 1) / kBlockM, p.heads_q, p.batch);
-  kernel<<<grid, kThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(p);
-  FL_CUDA_CHECK_LAUNCH();
-  return {};
+  return launch_simt_fwd<kHeadDim>(fa2_simt_kernel<T, kHeadDim>, grid, p, p);
 }
 
 std::string supports(const FwdParams& p) {
@@ -243,17 +236,11 @@ Status run(const FwdParams& p) {
 }
 
 }  // namespace
-}  // namespace flashlab::cuda
 
-namespace flashlab {
-
+// auto's GPU fallback: fp32 and head dims fa2_mma does not cover
 KernelEntry fa2_simt_entry() {
-  // auto's GPU fallback: fp32 and head dims fa2_mma does not cover
-  return {.info = {"fa2_simt", "sm80+",
-                   "rung 3: FlashAttention-2 forward on CUDA cores: a block owns 64 query rows, "
-                   "O/m/ℓ in registers, lazy rescaling, exp2, masked tiles skipped; fp32/fp16/bf16,"
-                   " head dims <= 256, every mask, GQA, varlen; forward only"},
-          .auto_priority = 20, .supports_fwd = cuda::supports, .run_fwd = cuda::run};
+  return {.info = {"fa2_simt", "sm80+", kSummary},
+          .auto_priority = 20, .supports_fwd = supports, .run_fwd = run};
 }
 
-}  // namespace flashlab
+}  // namespace flashlab::cuda

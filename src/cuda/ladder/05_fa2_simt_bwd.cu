@@ -52,6 +52,12 @@
 namespace flashlab::cuda {
 namespace {
 
+// The summary `flashlab list` shows; the registry entry closes this file.
+constexpr char kSummary[] =
+    "rung 5: FlashAttention-2 backward on CUDA cores: D = rowsum(dO∘O), key-block-parallel main "
+    "loop recomputing P from LSE, dQ through fp32 atomics, dK/dV written once; fp32/fp16/bf16, "
+    "head dims <= 128, every mask, GQA, varlen; backward only";
+
 using namespace simt;  // float4 helpers, loads and stores shared with rungs 2 and 3
 
 // ---- compile-time shape ------------------------------------------------------------------
@@ -123,30 +129,12 @@ __device__ __forceinline__ float dot4(float acc, const float4& a, const float4& 
   return fmaf(a.w, b.w, acc);
 }
 
-// Copies kRows rows of global memory (row r at src + r·row_stride) into a swizzled
-// [kRows][kCols] tile as fp32. Rows at or past rows_valid and columns at or past
-// cols_valid become 0 (and are not read). All threads share the copy, 16 bytes of global
-// memory each at a time; consecutive threads take consecutive chunks of a row (coalesced).
+// simt_common.cuh's load_tile into a [kRows][kCols] tile swizzled by kSwizzle.
 template <class T, int kRows, int kCols, Swizzle kSwizzle>
 __device__ __forceinline__ void load_tile(float* tile, const T* src, int64_t row_stride,
                                           int rows_valid, int cols_valid, int thread) {
-  constexpr int kElems = 16 / int(sizeof(T));
-  constexpr int kChunksPerRow = kCols / kElems;
-  constexpr int kChunks = kRows * kChunksPerRow;
-  static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
-#pragma unroll 2
-  for (int i = 0; i < kChunks / kThreads; ++i) {
-    const int chunk = thread + i * kThreads;
-    const int r = chunk / kChunksPerRow, c = chunk % kChunksPerRow * kElems;
-    const bool row_ok = r < rows_valid;
-    float x[kElems];
-    load_chunk(src + (row_ok ? r * row_stride + c : 0), row_ok ? cols_valid - c : 0, x);
-    const int swz = swizzle<kSwizzle>(r);
-#pragma unroll
-    for (int e = 0; e < kElems; e += 4)
-      *reinterpret_cast<float4*>(tile + r * kCols + ((c + e) ^ swz)) =
-          make_float4(x[e], x[e + 1], x[e + 2], x[e + 3]);
-  }
+  simt::load_tile<T, kRows, kCols, kThreads>(tile, src, row_stride, rows_valid, cols_valid,
+                                             thread, [](int r) { return swizzle<kSwizzle>(r); });
 }
 
 // s[r][c] = A[row0 + r] · B[t + 16c] over kHeadDim channels, for A = Q, B = K (S) or
@@ -418,6 +406,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kHeadDim))
 template <class T>
 __global__ void __launch_bounds__(kRowThreads)
     dq_convert_kernel(const __grid_constant__ BwdParams p, const Workspace ws) {
+  // The same warp-per-row start as dot_do_o_kernel: two short kernels, each read alone.
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int i = blockIdx.x * kRowWarps + warp, h = blockIdx.y, b = blockIdx.z;
   const SeqInfo seq = seq_info(p, b);
@@ -505,19 +494,12 @@ Status run(const BwdParams& p) {
 }
 
 }  // namespace
-}  // namespace flashlab::cuda
 
-namespace flashlab {
-
+// auto's GPU backward where cute_fa2 does not take the call (priority below its 40)
 KernelEntry fa2_simt_bwd_entry() {
-  // auto's GPU backward where cute_fa2 does not take the call (priority below its 40)
-  return {.info = {"fa2_simt_bwd", "sm80+",
-                   "rung 5: FlashAttention-2 backward on CUDA cores: D = rowsum(dO∘O), "
-                   "key-block-parallel main loop recomputing P from LSE, dQ through fp32 atomics, "
-                   "dK/dV written once; fp32/fp16/bf16, head dims <= 128, every mask, GQA, varlen; "
-                   "backward only"},
-          .auto_priority = 20, .supports_bwd = cuda::supports, .workspace_bwd = cuda::workspace,
-          .run_bwd = cuda::run};
+  return {.info = {"fa2_simt_bwd", "sm80+", kSummary},
+          .auto_priority = 20, .supports_bwd = supports, .workspace_bwd = workspace,
+          .run_bwd = run};
 }
 
-}  // namespace flashlab
+}  // namespace flashlab::cuda

@@ -49,6 +49,35 @@ __device__ __forceinline__ void load_chunk(const T* src, int valid, float (&dst)
   }
 }
 
+// Copies kRows rows of global memory (row r at src + r·row_stride) into a [kRows][kCols]
+// fp32 tile, column c of row r at r·kCols + (c ^ swizzle(r)): swizzle returns 0 for a
+// row-major tile (rungs 2 and 3), a bank-spreading XOR of whole float4 slots in rung 5.
+// Rows at or past rows_valid and columns at or past cols_valid become 0 (and are not
+// read). kThreads_ threads share the copy, 16 bytes of global memory each at a time;
+// consecutive threads take consecutive chunks of a row, so the loads are coalesced.
+template <class T, int kRows, int kCols, int kThreads_, class Swizzle>
+__device__ __forceinline__ void load_tile(float* tile, const T* src, int64_t row_stride,
+                                          int rows_valid, int cols_valid, int thread,
+                                          Swizzle swizzle) {
+  constexpr int kElems = 16 / int(sizeof(T));
+  constexpr int kChunksPerRow = kCols / kElems;
+  constexpr int kChunks = kRows * kChunksPerRow;
+  static_assert(kChunks % kThreads_ == 0, "every thread copies the same number of chunks");
+#pragma unroll 2
+  for (int i = 0; i < kChunks / kThreads_; ++i) {
+    const int chunk = thread + i * kThreads_;
+    const int r = chunk / kChunksPerRow, c = chunk % kChunksPerRow * kElems;
+    const bool row_ok = r < rows_valid;
+    float x[kElems];
+    load_chunk(src + (row_ok ? r * row_stride + c : 0), row_ok ? cols_valid - c : 0, x);
+    const int swz = swizzle(r);
+#pragma unroll
+    for (int e = 0; e < kElems; e += 4)
+      *reinterpret_cast<float4*>(tile + r * kCols + ((c + e) ^ swz)) =
+          make_float4(x[e], x[e + 1], x[e + 2], x[e + 3]);
+  }
+}
+
 // Four consecutive output elements; only the first `valid` are written when fewer than 4
 // remain in the head. The vector store is aligned: channels start at multiples of 4 and
 // rows at multiples of 16 bytes (the API's CUDA rule).

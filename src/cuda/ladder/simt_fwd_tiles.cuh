@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "cuda/ladder/simt_common.cuh"
 #include "cuda/refusals.h"
@@ -70,14 +71,19 @@ std::string supports_simt_fwd(const FwdParams& p, KernelOf&& kernel_of) {
   return device_supports(p.device_index, smem_bytes(bucket), kernel);
 }
 
-// Launch attributes both rungs set: the dynamic shared memory of their bucket, and the SM's
+// Launches a rung's kernel for bucket kHeadDim on p's stream: grid × kThreads threads, with
+// the launch attributes both rungs set: the dynamic shared memory of the bucket, and the SM's
 // unified L1/shared storage given to shared memory (loads go global → registers → shared and
 // nothing is re-read through L1), so that min_blocks_per_sm blocks fit.
-template <class Kernel>
-Status prepare_simt_fwd_launch(Kernel kernel, int smem) {
-  FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+template <int kHeadDim, class... Args>
+Status launch_simt_fwd(void (*kernel)(Args...), dim3 grid, const FwdParams& p,
+                       const std::type_identity_t<Args>&... args) {
+  constexpr int kSmem = smem_bytes(kHeadDim);
+  FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      cudaSharedmemCarveoutMaxShared));
+  kernel<<<grid, kThreads, kSmem, static_cast<cudaStream_t>(p.stream)>>>(args...);
+  FL_CUDA_CHECK_LAUNCH();
   return {};
 }
 
@@ -95,37 +101,32 @@ Status prepare_simt_fwd_launch(Kernel kernel, int smem) {
 // the same for 1 KB more per block.)
 __device__ __forceinline__ int p_swizzle(int row) { return (row & 4) << 2; }
 
-
-
-
-
-// Copies kRows rows of global memory (row r at src + r·row_stride) into a row-major
-// [kRows][kCols] tile as fp32. Rows at or past rows_valid and columns at or past
-// cols_valid become 0 (and are not read). kThreads_ threads share the copy, 16 bytes of
-// global memory each at a time; consecutive threads take consecutive chunks of a row, so
-// the loads are coalesced.
-template <class T, int kRows, int kCols, int kThreads_>
-__device__ __forceinline__ void load_tile(float* tile, const T* src, int64_t row_stride,
-                                          int rows_valid, int cols_valid, int thread) {
-  constexpr int kElems = 16 / int(sizeof(T));
-  constexpr int kChunksPerRow = kCols / kElems;
-  constexpr int kChunks = kRows * kChunksPerRow;
-  static_assert(kChunks % kThreads_ == 0, "every thread copies the same number of chunks");
-#pragma unroll 2
-  for (int i = 0; i < kChunks / kThreads_; ++i) {
-    const int chunk = thread + i * kThreads_;
-    const int r = chunk / kChunksPerRow, c = chunk % kChunksPerRow * kElems;
-    const bool row_ok = r < rows_valid;
-    float x[kElems];
-    load_chunk(src + (row_ok ? r * row_stride + c : 0), row_ok ? cols_valid - c : 0, x);
+// Sets s[r][c] to −inf where key j_first + c is not one that row i_first + r sees: the
+// per-element mask of a tile the mask cuts (MaskPolicy::tile_is_full). The key range is
+// clamped to len_k, so the zero rows past the end of the keys are outside too.
+__device__ __forceinline__ void mask_cut_tile(float (&s)[kRowsPerThread][kKeysPerThread],
+                                              const MaskPolicy& mask, int i_first, int j_first,
+                                              int len_q, int len_k) {
 #pragma unroll
-    for (int e = 0; e < kElems; e += 4)
-      *reinterpret_cast<float4*>(tile + r * kCols + c + e) =
-          make_float4(x[e], x[e + 1], x[e + 2], x[e + 3]);
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const int i = i_first + r;
+    const int lo = mask.key_begin(i, len_q, len_k) - j_first;
+    const int hi = mask.key_end(i, len_q, len_k) - j_first;
+#pragma unroll
+    for (int c = 0; c < kKeysPerThread; ++c)
+      if (c < lo || c >= hi) s[r][c] = -INFINITY;
   }
 }
 
-// The same copy into a d-major tile [kCols][kRows] (element (r, d) at tile[d·kRows + r]).
+// simt_common.cuh's load_tile into a row-major [kRows][kCols] tile (no swizzle).
+template <class T, int kRows, int kCols, int kThreads_>
+__device__ __forceinline__ void load_tile(float* tile, const T* src, int64_t row_stride,
+                                          int rows_valid, int cols_valid, int thread) {
+  load_tile<T, kRows, kCols, kThreads_>(tile, src, row_stride, rows_valid, cols_valid, thread,
+                                        [](int) { return 0; });
+}
+
+// load_tile's copy into a d-major tile [kCols][kRows] (element (r, d) at tile[d·kRows + r]).
 // Consecutive threads take the same chunk column of consecutive rows, so each scalar store
 // of a warp fills 32 consecutive floats (no bank conflict); a warp's 16-byte loads then
 // touch 32 rows, and the next warps load the neighbouring chunks of the same sectors.

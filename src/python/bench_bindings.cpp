@@ -194,6 +194,7 @@ void bind_bench(nb::module_& m) {
         },
         nb::arg("seqlens"), nb::arg("batch"), nb::arg("dtype"), nb::arg("device"));
 
+  // Like Problem's above: nanobind lists a struct's fields one .def_rw each.
   nb::class_<TimingOptions>(b, "TimingOptions")
       .def(nb::init<>())
       .def_rw("warmup", &TimingOptions::warmup)

@@ -51,6 +51,7 @@ std::vector<PoisonCase> cases() {
   const Problem window = dense(kF32, 1, 200, 200, 2, 1, 32).window(16, 4);
   // Bottom-right causal with seqlen_q > seqlen_k: rows 0..59 see no key.
   const Problem empty_rows = dense(kF32, 1, 150, 90, 2, 1, 32).make_causal();
+  // The case table, one line per case: its rows are alike by design.
   return {
       // causal, seqlen_q 3, seqlen_k 2, v = [finite, NaN]: row 0 sees no key, row 1 key 0.
       {"tiny_causal_value_nan", dense(kF32, 1, 3, 2, 1, 1, 8).make_causal(), Poison::kValueNaN, 1},

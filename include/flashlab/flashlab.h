@@ -103,6 +103,13 @@ inline constexpr std::string_view kAutoKernel = "auto";
 // valid on all. Under a tight process limit, pass fewer.
 inline constexpr int kMaxThreads = 1024;
 
+// The largest |softmax_scale| a backward takes below fp64. The gradients are recomputed from
+// the forward's O (in the input dtype) and LSE (fp32), and D = rowsum(dO ∘ O) cancels
+// against dO · v when a row's softmax is nearly one-hot: their rounding, times the scale,
+// swamps the gradients long before the scores overflow. Models use 1/sqrt(head_dim) or a
+// softcap's ~50; the CUDA kernels take no more in either pass.
+inline constexpr float kMaxBackwardScale = 1024.f;
+
 struct CommonArgs {
   // Varlen: both present or both absent. int32 [batch + 1], on the device of q, starting
   // at 0 and non-decreasing, the last entry at most the packed rows. With them q/k/v/out

@@ -310,6 +310,9 @@ bool misaligned(Call* c, std::mt19937_64& rng, const Env& env) {
   if (!dims.empty() && slot != kLse && chance(rng, 50)) {
     const int d = any_of(rng, dims);
     c->layout[slot].stride[d] += 1;
+    // A slot that shares another's buffer (v = k) is read through that one's layout: give
+    // it its own, or the twist would not reach the call.
+    c->same_as[slot] = -1;
     c->twist = name(slot) + ".stride[" + std::to_string(d) + "] not a multiple of 16 bytes";
     return true;
   }

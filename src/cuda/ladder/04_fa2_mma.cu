@@ -18,6 +18,9 @@
 //     writes and the ldmatrix reads hit 32 different banks.
 //   - P never leaves registers: the fp32 accumulator fragment of S = Q Kᵀ, rounded to
 //     fp16/bf16 pairs, is already the A fragment of P V.
+// The PTX wrappers are in mma_ptx.cuh. On the tiles the mask cuts, a masked key's NaN or
+// Inf V would reach rows through 0 · NaN in the MMA: cuda/nonfinite.cuh says how it is kept
+// out (a vote at the tile's barrier; a slow path only when a value is non-finite).
 //
 // Why: rung 3 spends its time in CUDA-core FMAs and shared-memory loads of scalars; an
 // H100 has ~15x more fp16/bf16 throughput in its tensor cores, and mma.sync reaches it as
@@ -38,12 +41,22 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/ladder/mma_ptx.cuh"
+#include "cuda/nonfinite.cuh"
 #include "cuda/refusals.h"
 #include "common/constants.h"
 #include "common/registry.h"
 
 namespace flashlab::cuda {
 namespace {
+
+using namespace mma_ptx;  // cuda/ladder/mma_ptx.cuh
+
+// The summary `flashlab list` shows; the registry entry closes this file.
+constexpr char kSummary[] =
+    "rung 4: FlashAttention-2 forward on tensor cores by hand: mma.sync m16n8k16, ldmatrix, "
+    "cp.async double-buffered K/V, swizzled smem, P in registers; fp16/bf16, head dim 64/128, "
+    "every mask, GQA, varlen; forward only";
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
@@ -82,93 +95,6 @@ struct Traits {
   static_assert(kRowBytes % 128 == 0, "the swizzle permutes 8 chunks inside 128-byte lines");
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "tiles are whole 16x16 blocks");
 };
-
-// ---- PTX wrappers ------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return uint32_t(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global → shared copy, cached in L2 only (each K/V tile is read once per CTA).
-// With valid == false it reads nothing (src-size 0) and zero-fills the 16 bytes.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Four 8×8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8, and
-// register i of every lane receives 2 elements of matrix i (row lane/4, columns
-// 2·(lane%4) and +1; with kTrans the matrix is transposed first).
-template <bool kTrans>
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
-  if constexpr (kTrans)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-  else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-
-// d += a·b for one m16n8k16 tile, fp32 accumulate. Fragments (g = lane/4, c = 2·(lane%4)):
-//   a (16×16): a0 = A[g][c..c+1], a1 = A[g+8][c..c+1], a2 = A[g][c+8..], a3 = A[g+8][c+8..]
-//   b (16×8):  b0 = B[c..c+1][g], b1 = B[c+8..c+9][g]
-//   d (16×8):  d0,d1 = D[g][c..c+1], d2,d3 = D[g+8][c..c+1]
-template <class T>
-__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                            uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>)
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats rounded to T, `lo` in the low half (the lower column, as fragments want).
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  uint32_t bits;
-  if constexpr (std::is_same_v<T, __half>) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    memcpy(&bits, &h, sizeof(bits));
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    memcpy(&bits, &h, sizeof(bits));
-  }
-  return bits;
-}
-
-// %laneid through volatile asm: the compiler reads it afresh where it is used instead of
-// keeping an earlier copy alive (see store_output).
-__device__ __forceinline__ int lane_id() {
-  int lane;
-  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
-  return lane;
-}
-
-// 2^x on the special-function unit; 2^-inf = +0, which is what a masked logit needs.
-__device__ __forceinline__ float exp2_sfu(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // ---- shared-memory layout ----------------------------------------------------------------
 // Byte offset of 16-byte chunk `chunk` of row `row` in a tile of kRowBytes-long rows.
@@ -403,6 +329,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   // kv_chunk of rows kv_row + i·(kThreads / kChunksPerRow) (see copy_whole_tile).
   const int kv_row = threadIdx.x / Tr::kChunksPerRow, kv_chunk = threadIdx.x % Tr::kChunksPerRow;
   const uint32_t kv_dst = swizzle<kRowBytes>(kv_row, kv_chunk);
+  constexpr int kKVRowStep = Tr::kThreads / Tr::kChunksPerRow, kOwnChunks = kBlockN / kKVRowStep;
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const T* k_src = k_seq + kv_row * p.k_row_stride + kv_chunk * (16 / int(sizeof(T)));
   const T* v_src = v_seq + kv_row * p.v_row_stride + kv_chunk * (16 / int(sizeof(T)));
 
@@ -410,17 +338,42 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   // keys) come first, while the running max is still settling.
   for (int t = 0; t < n_blocks; ++t) {
     const int n = n_lo + n_blocks - 1 - t, stage = t & 1;
+    const int j0 = n * kBlockN;
     cp_async_wait<0>();  // this thread's copies of tile n have landed
     // One barrier per tile: every thread's copies of tile n are visible, and every warp
-    // has finished reading stage ^ 1 (tile n + 1), which the next copies overwrite.
-    __syncthreads();
+    // has finished reading stage ^ 1 (tile n + 1), which the next copies overwrite. Where
+    // the mask cuts the tile for some row of the block, the barrier is also a vote: does
+    // V hold an Inf or NaN that P V would carry past the mask (own_chunks_nonfinite)?
+    unsigned char* v_tile = smem + (sV - sQ) + stage * Tr::kKVTileBytes;
+    auto own = [&](int i) {  // this thread's chunks of V: column kv_chunk, rows kv_row + i·step
+      return reinterpret_cast<uint4*>(v_tile + kv_dst + i * kKVRowStep * kRowBytes);
+    };
+    const bool block_cut = j0 + kBlockN > len_k ||
+                           !mask.tile_is_full(i0, i0 + rows_valid, j0, j0 + kBlockN, len_q, len_k);
+    if (block_cut ? __syncthreads_or(own_chunks_nonfinite<kBf16, kOwnChunks>(own))
+                  : (__syncthreads(), false)) {
+      uint32_t keys[kBlockN / 32];
+      auto row_chunk = [&](int j, int c) {
+        return reinterpret_cast<const uint4*>(v_tile + swizzle<kRowBytes>(j, c));
+      };
+      drop_nonfinite_values<kBf16, kBlockN, Tr::kChunksPerRow, kOwnChunks>(row_chunk, own, lane,
+                                                                           keys);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {  // rows frag_row + 8hf that see such a key: NaN
+        const int i = warp_i0 + frag_row + 8 * hf;
+        if (any_key_in(keys, mask.key_begin(i, len_q, len_k) - j0,
+                       mask.key_end(i, len_q, len_k) - j0))
+#pragma unroll
+          for (int dt = 0; dt < Tr::kOTiles; ++dt) o_acc[dt][2 * hf] = o_acc[dt][2 * hf + 1] = NAN;
+      }
+    }
     if (t + 1 < n_blocks) {
-      const int64_t j0 = int64_t(n - 1) * kBlockN;
+      const int64_t j_next = int64_t(n - 1) * kBlockN;
       const uint32_t dst = (stage ^ 1) * Tr::kKVTileBytes + kv_dst;
-      copy_whole_tile<T, kRowBytes, kBlockN, Tr::kThreads>(sK + dst, k_src + j0 * p.k_row_stride,
-                                                            p.k_row_stride);
-      copy_whole_tile<T, kRowBytes, kBlockN, Tr::kThreads>(sV + dst, v_src + j0 * p.v_row_stride,
-                                                            p.v_row_stride);
+      copy_whole_tile<T, kRowBytes, kBlockN, Tr::kThreads>(
+          sK + dst, k_src + j_next * p.k_row_stride, p.k_row_stride);
+      copy_whole_tile<T, kRowBytes, kBlockN, Tr::kThreads>(
+          sV + dst, v_src + j_next * p.v_row_stride, p.v_row_stride);
       cp_async_commit();
     }
     const uint32_t sKs = sK + stage * Tr::kKVTileBytes;
@@ -458,7 +411,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
         for (int e = 0; e < 4; ++e) s_acc[nt][e] *= p.scale_log2;
     }
     // Per-element mask only where the tile is cut (warp-uniform branch).
-    const int j0 = n * kBlockN;
     if (j0 + kBlockN > len_k ||
         !mask.tile_is_full(warp_i0, warp_i1, j0, j0 + kBlockN, len_q, len_k)) {
 #pragma unroll
@@ -579,17 +531,11 @@ Status run(const FwdParams& p) {
 }
 
 }  // namespace
-}  // namespace flashlab::cuda
 
-namespace flashlab {
-
+// auto's GPU forward where no CuTe kernel takes the call (priority below cute_fa2's 40)
 KernelEntry fa2_mma_entry() {
-  // auto's GPU forward where no CuTe kernel takes the call (priority below cute_fa2's 40)
-  return {.info = {"fa2_mma", "sm80+",
-                   "rung 4: FlashAttention-2 forward on tensor cores by hand: mma.sync m16n8k16, "
-                   "ldmatrix, cp.async double-buffered K/V, swizzled smem, P in registers; "
-                   "fp16/bf16, head dim 64/128, every mask, GQA, varlen; forward only"},
-          .auto_priority = 30, .supports_fwd = cuda::supports, .run_fwd = cuda::run};
+  return {.info = {"fa2_mma", "sm80+", kSummary},
+          .auto_priority = 30, .supports_fwd = supports, .run_fwd = run};
 }
 
-}  // namespace flashlab
+}  // namespace flashlab::cuda

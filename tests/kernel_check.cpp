@@ -55,14 +55,14 @@ Yardstick run_yardstick(const Problem& p, const Inputs& in, bool with_backward) 
 // yardstick computes what the oracle computes.
 void expect_rule(std::string_view name, const std::vector<double>& kernel,
                  const std::vector<double>& lowp, const std::vector<double>& fp32,
-                 const std::vector<double>& oracle) {
+                 const std::vector<double>& oracle, double magnitude) {
   const MaxError ek = max_abs_err(kernel, oracle);
   const MaxError el = max_abs_err(lowp, oracle);
   const MaxError e32 = max_abs_err(fp32, oracle);
   EXPECT_LE(e32.value, yardstick_cap(DType::kF32, oracle))
       << name << ": the yardstick in fp32 strays from the oracle by " << describe(e32)
       << "; they disagree on what attention computes here, so the rule would prove nothing";
-  EXPECT_TRUE(within_rule(name, ek, el, magnitude_of(oracle)));
+  EXPECT_TRUE(within_rule(name, ek, el, magnitude));
 }
 
 // The inputs' bytes before the run, to prove the kernel did not write them.
@@ -148,9 +148,9 @@ void check_forward(std::string_view kernel, const Case& c, PlacementFactory make
   const Results oracle = run_reference_fp64(p, in, false);
   const Yardstick y = run_yardstick(p, in, false);
   if (oracle.out.size() != size_t(p.total_q() * p.heads_q * p.head_dim_v)) return;  // reported
-  expect_rule("out", out.to_f64(), y.lowp.out, y.fp32.out, oracle.out);
+  expect_rule("out", out.to_f64(), y.lowp.out, y.fp32.out, oracle.out, magnitude_of(oracle.out));
   if (p.with_lse) {
-    expect_rule("lse", lse.to_f64(), y.lowp.lse, y.fp32.lse, oracle.lse);
+    expect_rule("lse", lse.to_f64(), y.lowp.lse, y.fp32.lse, oracle.lse, magnitude_of(oracle.lse));
   }
 }
 
@@ -229,9 +229,11 @@ void check_backward(std::string_view kernel, const Case& c, PlacementFactory mak
   EXPECT_TRUE(dk.written_exactly("dk"));
   EXPECT_TRUE(dv.written_exactly("dv"));
   expect_unchanged(inputs);
-  expect_rule("dq", dq.to_f64(), y.lowp.dq, y.fp32.dq, oracle.dq);
-  expect_rule("dk", dk.to_f64(), y.lowp.dk, y.fp32.dk, oracle.dk);
-  expect_rule("dv", dv.to_f64(), y.lowp.dv, y.fp32.dv, oracle.dv);
+  expect_rule("dq", dq.to_f64(), y.lowp.dq, y.fp32.dq, oracle.dq,
+              gradient_magnitude(oracle.dq, y.lowp.dq_terms));
+  expect_rule("dk", dk.to_f64(), y.lowp.dk, y.fp32.dk, oracle.dk,
+              gradient_magnitude(oracle.dk, y.lowp.dk_terms));
+  expect_rule("dv", dv.to_f64(), y.lowp.dv, y.fp32.dv, oracle.dv, magnitude_of(oracle.dv));
 }
 
 void run_suite(std::string_view kernel, bool backward, const std::vector<Case>& cases,

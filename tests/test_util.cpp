@@ -232,6 +232,10 @@ double magnitude_of(const std::vector<double>& oracle) {
   return magnitude;
 }
 
+double gradient_magnitude(const std::vector<double>& oracle, double terms) {
+  return std::max(magnitude_of(oracle), std::isfinite(terms) ? terms : 0.0);
+}
+
 double rule_bound(const MaxError& lowp, double magnitude) {
   return kErrFactor * lowp.value + kErrSlack * std::max(1.0, magnitude);
 }

@@ -120,6 +120,8 @@ std::string describe(const MaxError& e);
 inline constexpr double kErrFactor = 2.0;
 inline constexpr double kErrSlack = 1e-5;
 double magnitude_of(const std::vector<double>& oracle);
+// dq's and dk's magnitude: the larger of their values' and of the terms their sums cancel.
+double gradient_magnitude(const std::vector<double>& oracle, double terms);
 double rule_bound(const MaxError& lowp, double magnitude);
 ::testing::AssertionResult within_rule(std::string_view name, const MaxError& kernel,
                                        const MaxError& lowp, double magnitude = 1.0);
@@ -219,6 +221,10 @@ BackwardArgs backward_args(const Problem& p, const Tensor& q, const Tensor& k, c
 // Results in logical (row-major, contiguous) order.
 struct Results {
   std::vector<double> out, lse, dq, dk, dv;
+  // run_lowp's backward only: the size of the terms that dq's and dk's sums cancel, the
+  // largest over rows (keys) of |scale| · Σ P · (|dP| + |D|) · |dlogit| · max |k| (max |q|).
+  // The rule's slack for dq and dk is relative to it (docs/DESIGN.md).
+  double dq_terms = 0, dk_terms = 0;
 };
 
 // The oracle: cpu_reference through the public API on fp64 copies of the inputs, so out

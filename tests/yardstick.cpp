@@ -142,9 +142,17 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
   // Row r of sequence b, in the packed numbering both layouts share.
   const Packing pk(p);
   Results r = zero_results(p, with_backward);
+  // Per task, the largest size of the terms dq's and dk's sums cancel (Results::dq_terms).
+  std::vector<double> dq_terms(size_t(p.batch) * p.heads_kv, 0.0), dk_terms(dq_terms);
 
   for_each_task(p, pk, floats, [&](const Task& t) {
     const int b = t.b, hk = t.hk, lq = t.lq, lk = t.lk;
+    const size_t task = size_t(b) * p.heads_kv + hk;
+    // Each key's largest |Ks| entry, and per key the terms of its dk over the group's rows.
+    std::vector<float> kmax(with_backward ? lk : 0, 0.f);
+    for (int j = 0; j < int(kmax.size()); ++j)
+      for (int d = 0; d < D; ++d) kmax[j] = std::max(kmax[j], std::abs(t.k(j)[d]));
+    std::vector<double> key_terms(kmax.size(), 0.0);
     // Dropout's factor (torch: x · mask · 1/(1 − p)): 0, 1/(1 − p), or 1 when off.
     auto zf = [&](int h, int i, int j) {
       if (!drop.enabled()) return 1.f;
@@ -214,13 +222,22 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
           const float z = f == 1.f ? prow[j] : rnd(prow[j] * f);
           for (int d = 0; d < Dv; ++d) dv_h[size_t(j) * Dv + d] += z * doi[d];
         }
+        const float* qi = t.q(i, h);
+        float qmax = 0.f;
+        for (int d = 0; d < D; ++d) qmax = std::max(qmax, std::abs(qi[d]));
+        double row_terms = 0;
         for (int j = jb; j < je; ++j) {
+          const float dlogit = cap > 0.f ? 1.f - urow[j] * urow[j] : 1.f;
+          const double term =
+              double(std::abs(prow[j] * dlogit)) * (std::abs(dsrow[j]) + std::abs(rowsum));
+          row_terms += term * kmax[j];
+          key_terms[j] += term * qmax;
           float ds = rnd(prow[j] * (dsrow[j] - rowsum));
-          if (cap > 0.f) ds = rnd(rnd(rnd(ds * cap) * (1.f - urow[j] * urow[j])) / cap);
+          if (cap > 0.f) ds = rnd(rnd(rnd(ds * cap) * dlogit) / cap);
           dsrow[j] = ds;
         }
+        dq_terms[task] = std::max(dq_terms[task], std::abs(double(q_mul)) * row_terms);
         std::fill(acc.begin(), acc.begin() + D, 0.f);
-        const float* qi = t.q(i, h);
         for (int j = jb; j < je; ++j) {
           const float* kj = t.k(j);
           for (int d = 0; d < D; ++d) {
@@ -234,8 +251,12 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
       for (size_t e = 0; e < dk_h.size(); ++e) dk_sum[e] += rnd(rnd(dk_h[e]) * k_mul);
       for (size_t e = 0; e < dv_h.size(); ++e) dv_sum[e] += rnd(dv_h[e]);
     }
-    if (with_backward) t.store_kv_grads(dk_sum, dv_sum, [&](float x, bool) { return rnd(x); }, &r);
+    if (!with_backward) return;
+    t.store_kv_grads(dk_sum, dv_sum, [&](float x, bool) { return rnd(x); }, &r);
+    for (double kt : key_terms) dk_terms[task] = std::max(dk_terms[task], double(k_mul) * kt);
   });
+  for (double x : dq_terms) r.dq_terms = std::max(r.dq_terms, x);
+  for (double x : dk_terms) r.dk_terms = std::max(r.dk_terms, x);
   return r;
 }
 

@@ -187,22 +187,18 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
       if (softcap) softcap_scores(s, softcap_pre);
     }
     // Per-element masking only on the tiles the mask (or the end of the keys) cuts.
-    const bool cut = tile_rows < Tr::kBlockN || !mask.tile_is_full(blk.i0, blk.i0 + blk.rows, j0,
-                                                                   j0 + Tr::kBlockN, len_q, len_k);
-    if (cut) apply_mask(s, tScS_rc, mask, blk.i0, j0, len_q, len_k);
+    if (tile_rows < Tr::kBlockN ||
+        !mask.tile_is_full(blk.i0, blk.i0 + blk.rows, j0, j0 + Tr::kBlockN, len_q, len_k))
+      apply_mask(s, tScS_rc, mask, blk.i0, j0, len_q, len_k);
 
-    Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
-    cp_async_wait<0>();  // V(n) has landed for every thread (the barrier), and every warp is
-    // done reading K(n). On a cut tile the barrier is also a vote: does V(n) hold an Inf or
-    // a NaN that a masked key would carry into the product (cuda/nonfinite.cuh)?
-    if (cut ? __syncthreads_or(own_chunks_nonfinite<Element>(tVsV)) : (__syncthreads(), false))
-      drop_nonfinite_v<Element, Tr::kBlockN, Tr::kHeadDim>(sV, tVsV, tScS_rc, o, mask, blk.i0, j0,
-                                                           len_q, len_k);
-    if (n > n_begin) {  // tiles before the last are whole
+    cp_async_wait<0>();  // V(n) has landed ...
+    __syncthreads();     // ... for every thread, and every warp is done reading K(n)
+    if (n > n_begin) {   // tiles before the last are whole
       copy_rows<false>(gmem_copy, tKgK(_, _, _, n - 1), tKsK, tKVcKV, Tr::kBlockN);
       cp_async_fence();
     }
 
+    Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
     float rescale[kRows];
     softmax.update(s, scale_log2, rescale);
     OnlineSoftmax<kRows>::rescale_o(o, rescale);

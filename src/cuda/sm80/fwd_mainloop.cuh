@@ -8,8 +8,6 @@
 
 #include <cute/tensor.hpp>
 
-#include "common/mask.h"
-#include "cuda/nonfinite.cuh"
 #include "cuda/sm80/collective_common.cuh"
 
 namespace flashlab::sm80 {
@@ -41,49 +39,6 @@ __device__ __forceinline__ void gemm_pv(TiledMma const& mma, AccO& acc_o, AccS c
   for (int k = 0; k < size<2>(rA); ++k) {
     if (k + 1 < size<2>(rA)) copy(copy_v, sVt(_, _, k + 1), rB_view(_, _, k + 1));
     gemm(mma, rA(_, _, k), rVt(_, _, k), acc_o);
-  }
-}
-
-// ---- non-finite V on a cut tile (cuda/nonfinite.cuh) ---------------------------------------
-// The vote's input: does a chunk this thread copied into V's tile (tVsV, its cp.async
-// partition (CPY, CPY_N, CPY_D), one 16-byte chunk per (n, d)) hold an Inf or NaN?
-template <class Element, class TV>
-__device__ __forceinline__ bool own_chunks_nonfinite(TV const& tVsV) {
-  static_assert(decltype(size<0>(tVsV))::value * sizeof(Element) == 16, "16-byte chunks");
-  constexpr int kRows = decltype(size<1>(tVsV))::value;
-  constexpr int kOwn = kRows * decltype(size<2>(tVsV))::value;
-  auto own = [&](int i) {
-    return reinterpret_cast<const uint4*>(&tVsV(0, i % kRows, i / kRows));
-  };
-  return cuda::own_chunks_nonfinite<std::is_same_v<Element, bfloat16_t>, kOwn>(own);
-}
-
-// The slow path, when the vote found one (every thread of the CTA calls it): the values
-// are zeroed in V's tile sV (BLK_N, D) and the O rows (o: acc_o as (rows, cols), rows as in
-// coords, S's (row, key) identity partition) that see one of those keys become NaN.
-template <class Element, int kBlockN, int kHeadDim, class SV, class TV, class C, class O>
-__device__ __forceinline__ void drop_nonfinite_v(SV const& sV, TV& tVsV, C const& coords, O& o,
-                                                 const MaskPolicy& mask, int i0, int j0,
-                                                 int len_q, int len_k) {
-  constexpr int kElemsPerChunk = 16 / int(sizeof(Element));
-  constexpr int kRows = decltype(size<1>(tVsV))::value;
-  constexpr int kOwn = kRows * decltype(size<2>(tVsV))::value;
-  auto row_chunk = [&](int j, int c) {
-    return reinterpret_cast<const uint4*>(&sV(j, c * kElemsPerChunk));
-  };
-  auto own = [&](int i) { return reinterpret_cast<uint4*>(&tVsV(0, i % kRows, i / kRows)); };
-  uint32_t keys[kBlockN / 32];
-  cuda::drop_nonfinite_values<std::is_same_v<Element, bfloat16_t>, kBlockN,
-                              kHeadDim / kElemsPerChunk, kOwn>(row_chunk, own,
-                                                               int(threadIdx.x % 32), keys);
-  CUTE_UNROLL
-  for (int r = 0; r < size<0>(o); ++r) {
-    const int i = i0 + get<0>(coords(r, 0));
-    if (cuda::any_key_in(keys, mask.key_begin(i, len_q, len_k) - j0,
-                         mask.key_end(i, len_q, len_k) - j0)) {
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) = NAN;
-    }
   }
 }
 

@@ -1,7 +1,9 @@
 // What the CuTe kernels of both paths share (sm80: cute_fa2, sm90: cute_fa3): the CUTLASS
 // element type of a dtype, exp2 on the special-function unit, fp32 fragments rounded to the
 // input type, the mask applied to a tile of scores, the online softmax (with lazy
-// rescaling) and the forward's one-tile-per-CTA schedule. Each path pulls these into its namespace with using-declarations.
+// rescaling), the forward's one-tile-per-CTA schedule and the rows summed again when a
+// masked key's NaN or Inf reached them. Each path pulls these into its namespace with
+// using-declarations.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -14,6 +16,7 @@
 #include "common/mask.h"
 #include "common/params.h"
 #include "cuda/common.cuh"
+#include "cuda/nonfinite.cuh"
 #include "flashlab/flashlab.h"
 
 namespace flashlab::cuda {
@@ -239,6 +242,55 @@ template <int kBlockM, int kBlockN>
 __device__ __forceinline__ FwdBlock schedule_fwd(const FwdParams& p) {
   return fwd_block<kBlockM, kBlockN>(p, int(blockIdx.z), int(blockIdx.y),
                                      int(gridDim.x) - 1 - int(blockIdx.x));
+}
+
+// ---- the rows a masked key's NaN or Inf V reached (cuda/nonfinite.cuh) ---------------------
+// After a CuTe forward's mainloop (cute_fa2, cute_fa3), before its epilogue: each row of
+// this thread whose O values are not all finite is summed again from global memory.
+// o: the O accumulator as (rows, cols), each row relative to the softmax's final max
+// (what the epilogue divides by the row's sum); coords: each value's (row, column) in the
+// query block.
+template <class Tr, class O, class C, class S>
+__device__ __forceinline__ void redo_nonfinite_rows(const FwdParams& p, const FwdBlock& blk,
+                                                    O& o, C const& coords, S const& softmax) {
+  using Element = typename Tr::Element;
+  constexpr int kRows = decltype(cute::size<0>(o))::value;
+  constexpr int kCols = decltype(cute::size<1>(o))::value;
+  unsigned bad = 0;
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    bool finite = true;
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) finite &= isfinite(o(r, c));
+    // Rows past the sequence are not stored.
+    if (!finite && blk.i0 + cute::get<0>(coords(r, 0)) < blk.seq.len_q) bad |= 1u << r;
+  }
+  if (bad == 0) return;
+  float buf[kRows][kCols], m_log2[kRows];
+  int row[kRows], col[kCols];
+  const float scale_log2 = p.mask.softcap > 0.f ? p.mask.softcap * kLog2e : p.scale_log2;
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    row[r] = blk.i0 + cute::get<0>(coords(r, 0));
+    m_log2[r] = softmax.row_max[r] * scale_log2;
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) buf[r][c] = o(r, c);
+  }
+  CUTE_UNROLL
+  for (int c = 0; c < kCols; ++c) col[c] = cute::get<1>(coords(0, c));
+  const Element* q = static_cast<const Element*>(p.q) + blk.b * p.q_batch_stride +
+                     blk.seq.start_q * p.q_row_stride + blk.h * p.q_head_stride;
+  const Element* k = static_cast<const Element*>(p.k) + blk.b * p.k_batch_stride +
+                     blk.seq.start_k * p.k_row_stride + blk.hk * p.k_head_stride;
+  const Element* v = static_cast<const Element*>(p.v) + blk.b * p.v_batch_stride +
+                     blk.seq.start_k * p.v_row_stride + blk.hk * p.v_head_stride;
+  sum_rows_again<Element, Tr::kHeadDim>(p, q, k, v, blk.seq.len_q, blk.seq.len_k,
+                                        uint32_t(blk.b * p.heads_q + blk.h), row, col, m_log2,
+                                        bad, buf);
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r)
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) o(r, c) = buf[r][c];
 }
 
 }  // namespace flashlab::cuda

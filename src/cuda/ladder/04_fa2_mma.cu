@@ -19,8 +19,8 @@
 //   - P never leaves registers: the fp32 accumulator fragment of S = Q Kᵀ, rounded to
 //     fp16/bf16 pairs, is already the A fragment of P V.
 // The PTX wrappers are in mma_ptx.cuh. On the tiles the mask cuts, a masked key's NaN or
-// Inf V would reach rows through 0 · NaN in the MMA: cuda/nonfinite.cuh says how it is kept
-// out (a vote at the tile's barrier; a slow path only when a value is non-finite).
+// Inf V reaches rows through 0 · NaN in the MMA: cuda/nonfinite.cuh says how those rows are
+// found and summed again after the loop.
 //
 // Why: rung 3 spends its time in CUDA-core FMAs and shared-memory loads of scalars; an
 // H100 has ~15x more fp16/bf16 throughput in its tensor cores, and mma.sync reaches it as
@@ -248,6 +248,30 @@ __device__ __forceinline__ void store_output(const FwdParams& p, float (&o_acc)[
   }
 }
 
+// The lane's rows row_a and row_a + 8 (bit hf of `bad`) summed again, its columns
+// 8·dt + col0 + {0, 1} of each (cuda/nonfinite.cuh); o_acc through a local array.
+template <class Tr, class T = typename Tr::Elem>
+__device__ __forceinline__ void redo_rows(const FwdParams& p, const T* q, const T* k, const T* v,
+                                          int len_q, int len_k, int row_a, int col0,
+                                          const float (&row_max)[2], unsigned bad,
+                                          float (&o_acc)[Tr::kOTiles][4]) {
+  constexpr int kCols = 2 * Tr::kOTiles;
+  float buf[2][kCols];
+  int row[2] = {row_a, row_a + 8}, col[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    col[c] = 8 * (c / 2) + col0 + c % 2;
+    buf[0][c] = o_acc[c / 2][c % 2];
+    buf[1][c] = o_acc[c / 2][2 + c % 2];
+  }
+  sum_rows_again<T, Tr::kHeadDim>(p, q, k, v, len_q, len_k, 0u, row, col, row_max, bad, buf);
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    o_acc[c / 2][c % 2] = buf[0][c];
+    o_acc[c / 2][2 + c % 2] = buf[1][c];
+  }
+}
+
 // grid (ceil(seqlen_q / 128), heads_q, batch), 256 threads. Warp w owns query rows
 // [16w, 16w + 16) of the block; in its fragments lane l holds rows g = l/4 and g + 8.
 template <class Tr>
@@ -329,8 +353,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   // kv_chunk of rows kv_row + i·(kThreads / kChunksPerRow) (see copy_whole_tile).
   const int kv_row = threadIdx.x / Tr::kChunksPerRow, kv_chunk = threadIdx.x % Tr::kChunksPerRow;
   const uint32_t kv_dst = swizzle<kRowBytes>(kv_row, kv_chunk);
-  constexpr int kKVRowStep = Tr::kThreads / Tr::kChunksPerRow, kOwnChunks = kBlockN / kKVRowStep;
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   const T* k_src = k_seq + kv_row * p.k_row_stride + kv_chunk * (16 / int(sizeof(T)));
   const T* v_src = v_seq + kv_row * p.v_row_stride + kv_chunk * (16 / int(sizeof(T)));
 
@@ -338,42 +360,17 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   // keys) come first, while the running max is still settling.
   for (int t = 0; t < n_blocks; ++t) {
     const int n = n_lo + n_blocks - 1 - t, stage = t & 1;
-    const int j0 = n * kBlockN;
     cp_async_wait<0>();  // this thread's copies of tile n have landed
     // One barrier per tile: every thread's copies of tile n are visible, and every warp
-    // has finished reading stage ^ 1 (tile n + 1), which the next copies overwrite. Where
-    // the mask cuts the tile for some row of the block, the barrier is also a vote: does
-    // V hold an Inf or NaN that P V would carry past the mask (own_chunks_nonfinite)?
-    unsigned char* v_tile = smem + (sV - sQ) + stage * Tr::kKVTileBytes;
-    auto own = [&](int i) {  // this thread's chunks of V: column kv_chunk, rows kv_row + i·step
-      return reinterpret_cast<uint4*>(v_tile + kv_dst + i * kKVRowStep * kRowBytes);
-    };
-    const bool block_cut = j0 + kBlockN > len_k ||
-                           !mask.tile_is_full(i0, i0 + rows_valid, j0, j0 + kBlockN, len_q, len_k);
-    if (block_cut ? __syncthreads_or(own_chunks_nonfinite<kBf16, kOwnChunks>(own))
-                  : (__syncthreads(), false)) {
-      uint32_t keys[kBlockN / 32];
-      auto row_chunk = [&](int j, int c) {
-        return reinterpret_cast<const uint4*>(v_tile + swizzle<kRowBytes>(j, c));
-      };
-      drop_nonfinite_values<kBf16, kBlockN, Tr::kChunksPerRow, kOwnChunks>(row_chunk, own, lane,
-                                                                           keys);
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {  // rows frag_row + 8hf that see such a key: NaN
-        const int i = warp_i0 + frag_row + 8 * hf;
-        if (any_key_in(keys, mask.key_begin(i, len_q, len_k) - j0,
-                       mask.key_end(i, len_q, len_k) - j0))
-#pragma unroll
-          for (int dt = 0; dt < Tr::kOTiles; ++dt) o_acc[dt][2 * hf] = o_acc[dt][2 * hf + 1] = NAN;
-      }
-    }
+    // has finished reading stage ^ 1 (tile n + 1), which the next copies overwrite.
+    __syncthreads();
     if (t + 1 < n_blocks) {
-      const int64_t j_next = int64_t(n - 1) * kBlockN;
+      const int64_t j0 = int64_t(n - 1) * kBlockN;
       const uint32_t dst = (stage ^ 1) * Tr::kKVTileBytes + kv_dst;
-      copy_whole_tile<T, kRowBytes, kBlockN, Tr::kThreads>(
-          sK + dst, k_src + j_next * p.k_row_stride, p.k_row_stride);
-      copy_whole_tile<T, kRowBytes, kBlockN, Tr::kThreads>(
-          sV + dst, v_src + j_next * p.v_row_stride, p.v_row_stride);
+      copy_whole_tile<T, kRowBytes, kBlockN, Tr::kThreads>(sK + dst, k_src + j0 * p.k_row_stride,
+                                                            p.k_row_stride);
+      copy_whole_tile<T, kRowBytes, kBlockN, Tr::kThreads>(sV + dst, v_src + j0 * p.v_row_stride,
+                                                            p.v_row_stride);
       cp_async_commit();
     }
     const uint32_t sKs = sK + stage * Tr::kKVTileBytes;
@@ -411,6 +408,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
         for (int e = 0; e < 4; ++e) s_acc[nt][e] *= p.scale_log2;
     }
     // Per-element mask only where the tile is cut (warp-uniform branch).
+    const int j0 = n * kBlockN;
     if (j0 + kBlockN > len_k ||
         !mask.tile_is_full(warp_i0, warp_i1, j0, j0 + kBlockN, len_q, len_k)) {
 #pragma unroll
@@ -477,6 +475,19 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
     }
   }
 
+  // A NaN or Inf in O may be a masked key's V reaching it through 0 · NaN in the MMA: such
+  // rows are summed again from global memory (cuda/nonfinite.cuh).
+  unsigned bad = 0;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    bool finite = true;
+#pragma unroll
+    for (int dt = 0; dt < Tr::kOTiles; ++dt)
+      finite &= isfinite(o_acc[dt][2 * hf]) && isfinite(o_acc[dt][2 * hf + 1]);
+    if (!finite && warp_row0 + frag_row + 8 * hf < rows_valid) bad |= 1u << hf;
+  }
+  if (bad) redo_rows<Tr>(p, q_tile - i0 * p.q_row_stride, k_seq, v_seq, len_q, len_k,
+                         warp_i0 + frag_row, frag_col, row_max, bad, o_acc);
   store_output<Tr>(p, o_acc, row_max, row_sum, smem);
 }
 

@@ -208,6 +208,15 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     gemm_pv<Element>(tiled_mma, acc_o, acc_s, tOrVt, tOsVt, smem_copy_v);
   }
 
+  // A NaN or Inf in O may be a masked key's V reaching it through 0 · NaN in the MMA: such
+  // rows are summed again from global memory (cuda/nonfinite.cuh).
+  {
+    Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
+    Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<BlkM, HeadDim>{}));
+    Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (rows, cols)
+    cuda::redo_nonfinite_rows<Tr>(p, blk, o, tOcO_rc, softmax);
+  }
+
   // ---- epilogue ----
   fwd_epilogue<Tr, kDropout>(p, blk, tid, tiled_mma, acc_o, softmax, scale_log2, sO, gO);
 }

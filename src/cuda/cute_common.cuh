@@ -278,15 +278,16 @@ __device__ __forceinline__ void redo_nonfinite_rows(const FwdParams& p, const Fw
   }
   CUTE_UNROLL
   for (int c = 0; c < kCols; ++c) col[c] = cute::get<1>(coords(0, c));
-  const Element* q = static_cast<const Element*>(p.q) + blk.b * p.q_batch_stride +
-                     blk.seq.start_q * p.q_row_stride + blk.h * p.q_head_stride;
-  const Element* k = static_cast<const Element*>(p.k) + blk.b * p.k_batch_stride +
-                     blk.seq.start_k * p.k_row_stride + blk.hk * p.k_head_stride;
-  const Element* v = static_cast<const Element*>(p.v) + blk.b * p.v_batch_stride +
-                     blk.seq.start_k * p.v_row_stride + blk.hk * p.v_head_stride;
-  sum_rows_again<Element, Tr::kHeadDim>(p, q, k, v, blk.seq.len_q, blk.seq.len_k,
-                                        uint32_t(blk.b * p.heads_q + blk.h), row, col, m_log2,
-                                        bad, buf);
+  // Row 0 of this sequence and head of a [batch, seq, heads, dim] (or packed) tensor.
+  auto row0 = [&](const void* t, int64_t batch, int64_t row, int64_t head, int64_t start, int h) {
+    return static_cast<const Element*>(t) + blk.b * batch + start * row + h * head;
+  };
+  sum_rows_again<Element, Tr::kHeadDim>(
+      p, row0(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, blk.seq.start_q, blk.h),
+      row0(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, blk.seq.start_k, blk.hk),
+      row0(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, blk.seq.start_k, blk.hk),
+      blk.seq.len_q, blk.seq.len_k, uint32_t(blk.b * p.heads_q + blk.h), row, col, m_log2, bad,
+      buf);
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r)
     CUTE_UNROLL

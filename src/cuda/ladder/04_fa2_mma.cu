@@ -293,6 +293,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
   const int n_lo = key_lo / kBlockN;
   const int n_blocks = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN - n_lo : 0;
 
+  // Each rung addresses its tensors itself (alike in rung 3 on purpose).
   const T* q_tile = static_cast<const T*>(p.q) + b * p.q_batch_stride +
                     (seq.start_q + i0) * p.q_row_stride + h * p.q_head_stride;
   const T* k_seq = static_cast<const T*>(p.k) + b * p.k_batch_stride +

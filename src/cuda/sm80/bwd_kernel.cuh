@@ -131,6 +131,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   auto at_stage = [](auto const& t, int stage) {
     return make_tensor(t.data() + stage * Tr::kQdOStageElems, t.layout());
   };
+  // The shared tiles as CuTe tensors, one line each, as the forward declares its own.
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Tr::SmemLayoutQdO{});     // (BLK_M, D)
   Tensor sdO = make_tensor(make_smem_ptr(smem_do), typename Tr::SmemLayoutQdO{});   // (BLK_M, D)
   Tensor sQt = make_tensor(make_smem_ptr(smem_q), typename Tr::SmemLayoutQdOt{});   // (D, BLK_M)
@@ -186,6 +187,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   };
 
   // ---- tensor-core partitions and shared → register copies (ldmatrix) ----
+  // The GEMMs' partitions below read alike and stay spelled out one by one: folded into one
+  // helper, the backward's PTX and its register allocation changed.
   // S = Q Kᵀ, dP = dO Vᵀ: (BLK_M, BLK_N)
   typename Tr::TiledMmaSdP mma_sdp;
   auto thr_sdp = mma_sdp.get_thread_slice(tid);

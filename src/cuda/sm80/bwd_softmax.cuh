@@ -161,6 +161,8 @@ __device__ __forceinline__ void mask_probs(P& p, C const& coords, const MaskPoli
 // keep (MMA, MMA_M, MMA_N) is shaped like the S accumulator; coords(0, m, n) is the
 // (row, key) of value 0 of this thread's m16n8 fragment (m, n), whose four values are the
 // four words of one Philox call (common/dropout.h).
+// Walks the fragments as the forward's apply_dropout does (fwd_softmax.cuh); it keeps each
+// factor for dS instead of zeroing P in place.
 template <class Keep, class C>
 __device__ __forceinline__ void dropout_factors(Keep& keep, C const& coords,
                                                 const DropoutPolicy& d, uint32_t bh, int i0,

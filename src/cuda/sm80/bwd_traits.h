@@ -111,6 +111,8 @@ struct BwdTraits {
       Copy_Atom<UniversalCopy<uint128_t>, Element>{}, GmemThreadLayout{}, GmemValLayout{}));
 
   // ---- shared ↔ registers ----------------------------------------------------------------
+  // The same copy atoms as the forward's traits (fwd_traits.h), named for the backward's
+  // operands.
   using SmemCopyAtom = Copy_Atom<SM75_U32x4_LDSM_N, Element>;   // operand stored [m|n][k]
   using SmemCopyAtomT = Copy_Atom<SM75_U16x8_LDSM_T, Element>;  // operand stored [k][m|n]
   // Accumulators (P, dS, dK, dV) registers → shared, two elements per store.

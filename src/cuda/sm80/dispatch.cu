@@ -25,7 +25,8 @@ constexpr char kSummary[] =
     "forward with P in registers, backward with dQ in fp32 atomics (deterministic on request); "
     "fp16/bf16, head dim 64/96/128/192/256, causal, window, softcap, GQA/MQA, varlen, LSE, dropout";
 
-// One instantiation's entry points (fwd_instance.h, bwd_instance.h).
+// One instantiation's entry points (fwd_instance.h, bwd_instance.h): the two structs are
+// alike because the passes' instances are; each pass has its own signatures.
 struct FwdEntries {
   Status (*run)(const FwdParams&);
   const void* (*kernel)();

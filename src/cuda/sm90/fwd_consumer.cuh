@@ -178,6 +178,8 @@ struct TileSteps {
   // kExpFirst keeps K(n) until its softmax is done (the refill may read it again).
   static constexpr bool kHoldK = Tr::kMaxOrder == MaxOrder::kExpFirst;
 
+  // consume()'s registers and pipelines by reference, one line each: a lambda's captures
+  // spelled out (what the steps reach decides the SASS; see the top of this file).
   const FwdBlock& blk;
   typename Tr::PipelineKV& pipeline_k;
   typename Tr::PipelineKV& pipeline_v;

@@ -279,8 +279,9 @@ __device__ __forceinline__ void redo_nonfinite_rows(const FwdParams& p, const Fw
   CUTE_UNROLL
   for (int c = 0; c < kCols; ++c) col[c] = cute::get<1>(coords(0, c));
   // Row 0 of this sequence and head of a [batch, seq, heads, dim] (or packed) tensor.
-  auto row0 = [&](const void* t, int64_t batch, int64_t row, int64_t head, int64_t start, int h) {
-    return static_cast<const Element*>(t) + blk.b * batch + start * row + h * head;
+  auto row0 = [&](const void* t, int64_t b_stride, int64_t r_stride, int64_t h_stride,
+                  int64_t start, int h) {
+    return static_cast<const Element*>(t) + blk.b * b_stride + start * r_stride + h * h_stride;
   };
   sum_rows_again<Element, Tr::kHeadDim>(
       p, row0(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, blk.seq.start_q, blk.h),

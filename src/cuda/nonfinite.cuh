@@ -17,8 +17,8 @@
 // NaN or Inf.
 //
 // A check inside the mainloops costs more than it saves: on the H100 a scan of each cut
-// tile's V and a warpgroup vote slowed cute_fa3's causal forwards by 4-15% (head dim 64,
-// 1k tokens worst), and in cute_fa3 any skipped wgmma or write to O's accumulator between
+// tile's V and a warpgroup vote slowed cute_fa3's causal forwards by 4-15% (worst at head
+// dim 64 and at 1k tokens), and in cute_fa3 any skipped wgmma or write to O's accumulator between
 // wgmmas makes ptxas serialize every wgmma of the kernel (C7515).
 #pragma once
 
@@ -35,7 +35,7 @@ namespace flashlab::cuda {
 // keys j of 2^(score(q · k_j) − m_log2[r]) · v[j][col[c]], in fp32 from global memory; keys
 // that dropout drops are left out as the kernel left them out (bh: its (batch, head) index).
 // q, k, v: the sequence's row 0 of this head. Out of line, with o in a local array, so that
-// the kernels' mainloops keep the registers they had. What the test and this call cost,
+// it disturbs the mainloops' registers as little as it can. What the test and this call cost,
 // measured on the H100 (bf16, batch 4, heads 16, 1k-4k tokens, against the kernels without
 // them in alternating rounds): head dims 128 and 256 within noise (at most 1.6% slower);
 // head dim 64 slower, cute_fa3 by 3-6%, fa2_mma by 6-7%, cute_fa2 by 2-4% (inlined, 5-9%).

@@ -365,7 +365,8 @@ Status make_params(const BackwardArgs& a, BwdParams* p) {
   FL_CHECK(check_outputs_disjoint(outputs, inputs));
   FL_CHECK(fill_common(a, d, a.q, p));
   if (a.q.dtype != DType::kF64 && !(std::fabs(p->scale) <= kMaxBackwardScale))
-    return invalid("softmax_scale must be within [-1024, 1024] in a backward below fp64 "
+    return invalid("softmax_scale must be within [-" + to_string(int(kMaxBackwardScale)) + ", " +
+                   to_string(int(kMaxBackwardScale)) + "] in a backward below fp64 "
                    "(kMaxBackwardScale: O's and LSE's rounding, times the scale, would swamp "
                    "the gradients), got " + to_string(p->scale));
   fill_qkvo(a.q, a.k, a.v, a.out, d.varlen, p);

@@ -268,7 +268,7 @@ __device__ __forceinline__ void redo_nonfinite_rows(const FwdParams& p, const Fw
   if (bad == 0) return;
   float buf[kRows][kCols], m_log2[kRows];
   int row[kRows], col[kCols];
-  const float scale_log2 = p.mask.softcap > 0.f ? p.mask.softcap * kLog2e : p.scale_log2;
+  const float scale_log2 = score_scale_log2(p);
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     row[r] = blk.i0 + cute::get<0>(coords(r, 0));

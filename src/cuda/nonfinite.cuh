@@ -31,6 +31,12 @@
 
 namespace flashlab::cuda {
 
+// The factor that takes a forward's score into log2 units: softcap · log2(e) when the score
+// is a softcap's tanh, else scale · log2(e) (as every forward scales its scores).
+__host__ __device__ __forceinline__ float score_scale_log2(const FwdParams& p) {
+  return p.mask.softcap > 0.f ? p.mask.softcap * kLog2e : p.scale_log2;
+}
+
 // Rows r of o with bit r of `bad` set, summed again: o[r][c] = Σ over row row[r]'s visible
 // keys j of 2^(score(q · k_j) − m_log2[r]) · v[j][col[c]], in fp32 from global memory; keys
 // that dropout drops are left out as the kernel left them out (bh: its (batch, head) index).
@@ -46,7 +52,7 @@ __device__ __noinline__ void sum_rows_again(const FwdParams& p, const T* q, cons
                                             const float (&m_log2)[kRows], unsigned bad,
                                             float (&o)[kRows][kCols]) {
   const float cap = p.mask.softcap;
-  const float scale_log2 = cap > 0.f ? cap * kLog2e : p.scale_log2;
+  const float scale_log2 = score_scale_log2(p);
   const float softcap_pre = cap > 0.f ? p.scale / cap : 0.f;  // the score: tanh(q·k · this)
   for (int r = 0; r < kRows; ++r) {
     if (!((bad >> r) & 1u)) continue;

@@ -266,33 +266,32 @@ __device__ __forceinline__ void redo_nonfinite_rows(const FwdParams& p, const Fw
     if (!finite && blk.i0 + cute::get<0>(coords(r, 0)) < blk.seq.len_q) bad |= 1u << r;
   }
   if (bad == 0) return;
-  float buf[kRows][kCols], m_log2[kRows];
-  int row[kRows], col[kCols];
+  RowsAgain<kRows, kCols> a;
+  a.bad = bad;
   const float scale_log2 = score_scale_log2(p);
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
-    row[r] = blk.i0 + cute::get<0>(coords(r, 0));
-    m_log2[r] = softmax.row_max[r] * scale_log2;
+    a.row[r] = blk.i0 + cute::get<0>(coords(r, 0));
+    a.m_log2[r] = softmax.row_max[r] * scale_log2;
     CUTE_UNROLL
-    for (int c = 0; c < kCols; ++c) buf[r][c] = o(r, c);
+    for (int c = 0; c < kCols; ++c) a.o[r][c] = o(r, c);
   }
   CUTE_UNROLL
-  for (int c = 0; c < kCols; ++c) col[c] = cute::get<1>(coords(0, c));
+  for (int c = 0; c < kCols; ++c) a.col[c] = cute::get<1>(coords(0, c));
   // Row 0 of this sequence and head of a [batch, seq, heads, dim] (or packed) tensor.
   auto row0 = [&](const void* t, int64_t b_stride, int64_t r_stride, int64_t h_stride,
                   int64_t start, int h) {
     return static_cast<const Element*>(t) + blk.b * b_stride + start * r_stride + h * h_stride;
   };
-  sum_rows_again<Element, Tr::kHeadDim>(
+  a = sum_rows_again<Element, Tr::kHeadDim>(
       p, row0(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, blk.seq.start_q, blk.h),
       row0(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, blk.seq.start_k, blk.hk),
       row0(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, blk.seq.start_k, blk.hk),
-      blk.seq.len_q, blk.seq.len_k, uint32_t(blk.b * p.heads_q + blk.h), row, col, m_log2, bad,
-      buf);
+      blk.seq.len_q, blk.seq.len_k, uint32_t(blk.b * p.heads_q + blk.h), a);
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r)
     CUTE_UNROLL
-    for (int c = 0; c < kCols; ++c) o(r, c) = buf[r][c];
+    for (int c = 0; c < kCols; ++c) o(r, c) = a.o[r][c];
 }
 
 }  // namespace flashlab::cuda

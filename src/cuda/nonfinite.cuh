@@ -37,27 +37,39 @@ __host__ __device__ __forceinline__ float score_scale_log2(const FwdParams& p) {
   return p.mask.softcap > 0.f ? p.mask.softcap * kLog2e : p.scale_log2;
 }
 
-// Rows r of o with bit r of `bad` set, summed again: o[r][c] = Σ over row row[r]'s visible
+// What sum_rows_again works on: one thread's share of O's accumulator, as rows × columns.
+template <int kRows, int kCols>
+struct RowsAgain {
+  float o[kRows][kCols];  // O's accumulator values (in); rows with bit r of `bad`, summed again (out)
+  float m_log2[kRows];    // each row's final max, in log2 units (the softmax's, not recomputed)
+  int row[kRows];         // each row's index in its sequence
+  int col[kCols];         // each column's index in the head dim
+  unsigned bad;           // bit r: row r holds a NaN or an Inf
+};
+
+// Rows r of a.o with bit r of a.bad set, summed again: o[r][c] = Σ over row row[r]'s visible
 // keys j of 2^(score(q · k_j) − m_log2[r]) · v[j][col[c]], in fp32 from global memory; keys
 // that dropout drops are left out as the kernel left them out (bh: its (batch, head) index).
-// q, k, v: the sequence's row 0 of this head. Out of line, with o in a local array, so that
-// it disturbs the mainloops' registers as little as it can. What the test and this call cost,
-// measured on the H100 (bf16, batch 4, heads 16, 1k-4k tokens, against the kernels without
-// them in alternating rounds): head dims 128 and 256 within noise (at most 1.6% slower);
-// head dim 64 slower, cute_fa3 by 3-6%, fa2_mma by 6-7%, cute_fa2 by 2-4% (inlined, 5-9%).
+// q, k, v: the sequence's row 0 of this head.
+//
+// Out of line, and RowsAgain passes by value both ways: no address of the caller's arrays
+// escapes into the call, so the caller keeps its softmax state and O in registers through
+// the mainloop (with the row max passed by reference, ptxas stored it to the stack at every
+// key block of cute_fa3). What the test and this call cost is in docs/RESULTS.md ("What the
+// non-finite guarantee costs"): within noise at head dims 128 and 256 and for fa2_mma; at
+// head dim 64, cute_fa3 3-5% and cute_fa2 2-4% (H200).
 template <class T, int kHeadDim, int kRows, int kCols>
-__device__ __noinline__ void sum_rows_again(const FwdParams& p, const T* q, const T* k, const T* v,
-                                            int len_q, int len_k, uint32_t bh,
-                                            const int (&row)[kRows], const int (&col)[kCols],
-                                            const float (&m_log2)[kRows], unsigned bad,
-                                            float (&o)[kRows][kCols]) {
+__device__ __noinline__ RowsAgain<kRows, kCols> sum_rows_again(const FwdParams& p, const T* q,
+                                                              const T* k, const T* v, int len_q,
+                                                              int len_k, uint32_t bh,
+                                                              RowsAgain<kRows, kCols> a) {
   const float cap = p.mask.softcap;
   const float scale_log2 = score_scale_log2(p);
   const float softcap_pre = cap > 0.f ? p.scale / cap : 0.f;  // the score: tanh(q·k · this)
   for (int r = 0; r < kRows; ++r) {
-    if (!((bad >> r) & 1u)) continue;
-    const int i = row[r];
-    for (int c = 0; c < kCols; ++c) o[r][c] = 0.f;
+    if (!((a.bad >> r) & 1u)) continue;
+    const int i = a.row[r];
+    for (int c = 0; c < kCols; ++c) a.o[r][c] = 0.f;
     const T* qi = q + i * p.q_row_stride;
     const int je = p.mask.key_end(i, len_q, len_k);
     for (int j = p.mask.key_begin(i, len_q, len_k); j < je; ++j) {
@@ -68,12 +80,13 @@ __device__ __noinline__ void sum_rows_again(const FwdParams& p, const T* q, cons
       for (int d = 0; d < kHeadDim; ++d)
         dot += static_cast<float>(qi[d]) * static_cast<float>(kj[d]);
       const float s = softcap_pre != 0.f ? tanhf(dot * softcap_pre) : dot;
-      const float pr = exp2f(s * scale_log2 - m_log2[r]);
+      const float pr = exp2f(s * scale_log2 - a.m_log2[r]);
       const T* vj = v + j * p.v_row_stride;
 #pragma unroll 4
-      for (int c = 0; c < kCols; ++c) o[r][c] += pr * static_cast<float>(vj[col[c]]);
+      for (int c = 0; c < kCols; ++c) a.o[r][c] += pr * static_cast<float>(vj[a.col[c]]);
     }
   }
+  return a;
 }
 
 }  // namespace flashlab::cuda

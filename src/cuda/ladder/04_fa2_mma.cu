@@ -248,27 +248,66 @@ __device__ __forceinline__ void store_output(const FwdParams& p, float (&o_acc)[
   }
 }
 
-// The lane's rows row_a and row_a + 8 (bit hf of `bad`) summed again, its columns
-// 8·dt + col0 + {0, 1} of each (cuda/nonfinite.cuh); o_acc through a local array.
-template <class Tr, class T = typename Tr::Elem>
-__device__ __forceinline__ void redo_rows(const FwdParams& p, const T* q, const T* k, const T* v,
-                                          int len_q, int len_k, int row_a, int col0,
-                                          const float (&row_max)[2], unsigned bad,
-                                          float (&o_acc)[Tr::kOTiles][4]) {
-  constexpr int kCols = 2 * Tr::kOTiles;
-  float buf[2][kCols];
-  int row[2] = {row_a, row_a + 8}, col[kCols];
+// The lane's rows with bit hf of a.bad set (frag_row and frag_row + 8 of its warp), summed
+// again from global memory over their visible keys only (cuda/nonfinite.cuh); a.o holds its
+// columns 8·dt + frag_col + {0, 1} of each, a.m_log2 the rows' final max (log2 units). Out
+// of line: the block's place and the tensors' addresses are recomputed here, where the
+// compiler cannot merge them with the kernel's own copies and keep those live through the
+// main loop.
+template <class Tr, int kCols = 2 * Tr::kOTiles>
+__device__ __noinline__ RowsAgain<2, kCols> redo_rows(const FwdParams& p, RowsAgain<2, kCols> a) {
+  using T = typename Tr::Elem;
+  const RowBlock rb = row_block<Tr::kBlockM>(p);
+  const int lane = lane_id(), row_a = (threadIdx.x / 32) * Tr::kWarpRows + lane / 4;
 #pragma unroll
-  for (int c = 0; c < kCols; ++c) {
-    col[c] = 8 * (c / 2) + col0 + c % 2;
-    buf[0][c] = o_acc[c / 2][c % 2];
-    buf[1][c] = o_acc[c / 2][2 + c % 2];
+  for (int hf = 0; hf < 2; ++hf) {
+    if (row_a + 8 * hf >= rb.rows) a.bad &= ~(1u << hf);  // past len_q: never stored
+    a.row[hf] = rb.i0 + row_a + 8 * hf;
   }
-  sum_rows_again<T, Tr::kHeadDim>(p, q, k, v, len_q, len_k, 0u, row, col, row_max, bad, buf);
+  if (a.bad == 0) return a;
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) a.col[c] = 8 * (c / 2) + 2 * (lane % 4) + c % 2;
+  const int hk = rb.h / p.group;
+  const T* q = static_cast<const T*>(p.q) + rb.b * p.q_batch_stride +
+               rb.seq.start_q * p.q_row_stride + rb.h * p.q_head_stride;
+  const T* k = static_cast<const T*>(p.k) + rb.b * p.k_batch_stride +
+               rb.seq.start_k * p.k_row_stride + hk * p.k_head_stride;
+  const T* v = static_cast<const T*>(p.v) + rb.b * p.v_batch_stride +
+               rb.seq.start_k * p.v_row_stride + hk * p.v_head_stride;
+  return sum_rows_again<T, Tr::kHeadDim>(p, q, k, v, rb.seq.len_q, rb.seq.len_k, 0u, a);
+}
+
+// A NaN or Inf in O may be a masked key's V reaching it through 0 · NaN in the MMA: the
+// lane's rows whose O values are not all finite go to redo_rows.
+template <class Tr>
+__device__ __forceinline__ void redo_nonfinite_rows(const FwdParams& p,
+                                                    float (&o_acc)[Tr::kOTiles][4],
+                                                    const float (&row_max)[2]) {
+  constexpr int kCols = 2 * Tr::kOTiles;
+  unsigned bad = 0;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    bool finite = true;
+#pragma unroll
+    for (int dt = 0; dt < Tr::kOTiles; ++dt)
+      finite &= isfinite(o_acc[dt][2 * hf]) && isfinite(o_acc[dt][2 * hf + 1]);
+    if (!finite) bad |= 1u << hf;
+  }
+  if (bad == 0) return;
+  RowsAgain<2, kCols> a;
+  a.bad = bad;
+  a.m_log2[0] = row_max[0];
+  a.m_log2[1] = row_max[1];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
-    o_acc[c / 2][c % 2] = buf[0][c];
-    o_acc[c / 2][2 + c % 2] = buf[1][c];
+    a.o[0][c] = o_acc[c / 2][c % 2];
+    a.o[1][c] = o_acc[c / 2][2 + c % 2];
+  }
+  a = redo_rows<Tr>(p, a);
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    o_acc[c / 2][c % 2] = a.o[0][c];
+    o_acc[c / 2][2 + c % 2] = a.o[1][c];
   }
 }
 
@@ -476,19 +515,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm)
     }
   }
 
-  // A NaN or Inf in O may be a masked key's V reaching it through 0 · NaN in the MMA: such
-  // rows are summed again from global memory (cuda/nonfinite.cuh).
-  unsigned bad = 0;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    bool finite = true;
-#pragma unroll
-    for (int dt = 0; dt < Tr::kOTiles; ++dt)
-      finite &= isfinite(o_acc[dt][2 * hf]) && isfinite(o_acc[dt][2 * hf + 1]);
-    if (!finite && warp_row0 + frag_row + 8 * hf < rows_valid) bad |= 1u << hf;
-  }
-  if (bad) redo_rows<Tr>(p, q_tile - i0 * p.q_row_stride, k_seq, v_seq, len_q, len_k,
-                         warp_i0 + frag_row, frag_col, row_max, bad, o_acc);
+  redo_nonfinite_rows<Tr>(p, o_acc, row_max);
   store_output<Tr>(p, o_acc, row_max, row_sum, smem);
 }
 

@@ -4,8 +4,20 @@
 # Included at the end of cmake/cuda_kernels.cmake (after flashlab_find_cutlass()).
 #
 # scripts/gen_sm90_instantiations.py writes instantiations/: one .cu per (head dim, dtype).
-if("90a" IN_LIST FLASHLAB_CUDA_ARCHS)
-  set(FLASHLAB_SM90_FWD_HEAD_DIMS 64 128 256)
+# cute_fa3's head dims are 64, 128 and 256, those of FLASHLAB_HEAD_DIMS.
+set(FLASHLAB_SM90_FWD_HEAD_DIMS "")
+foreach(hdim 64 128 256)
+  if(hdim IN_LIST FLASHLAB_HEAD_DIMS)
+    list(APPEND FLASHLAB_SM90_FWD_HEAD_DIMS ${hdim})
+  endif()
+endforeach()
+if("90a" IN_LIST FLASHLAB_CUDA_ARCHS AND NOT FLASHLAB_SM90_FWD_HEAD_DIMS)
+  message(STATUS "FlashLab: cute_fa3 not built (FLASHLAB_HEAD_DIMS has none of 64, 128, 256)")
+endif()
+if(FLASHLAB_ABLATIONS AND NOT 128 IN_LIST FLASHLAB_HEAD_DIMS)
+  message(FATAL_ERROR "FLASHLAB_ABLATIONS needs head dim 128 in FLASHLAB_HEAD_DIMS")
+endif()
+if("90a" IN_LIST FLASHLAB_CUDA_ARCHS AND FLASHLAB_SM90_FWD_HEAD_DIMS)
   set(FLASHLAB_SM90_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/fwd_dispatch.cu)
   foreach(hdim IN LISTS FLASHLAB_SM90_FWD_HEAD_DIMS)
     foreach(dtype fp16 bf16)
@@ -24,6 +36,8 @@ if("90a" IN_LIST FLASHLAB_CUDA_ARCHS)
     endforeach()
   endif()
 
+  set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/fwd_dispatch.cu APPEND PROPERTY
+    COMPILE_DEFINITIONS FLASHLAB_HEAD_DIMS_MASK=${FLASHLAB_HEAD_DIMS_MASK})
   add_library(flashlab_sm90 OBJECT ${FLASHLAB_SM90_SOURCES})
   target_include_directories(flashlab_sm90 PRIVATE
     ${CMAKE_CURRENT_SOURCE_DIR}/include

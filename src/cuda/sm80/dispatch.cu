@@ -12,6 +12,7 @@
 
 #include "common/registry.h"
 #include "cuda/common.cuh"
+#include "cuda/head_dims.h"
 #include "cuda/refusals.h"
 #include "cuda/sm80/bwd_instance.h"
 #include "cuda/sm80/fwd_instance.h"
@@ -53,10 +54,15 @@ struct BwdEntries {
 
 // The runtime → compile-time switch: the instantiation that serves p (dtype and head dim
 // already checked by refuse_common).
+// A head dim this build did not compile (FLASHLAB_HEAD_DIMS) has no entries: refuse_common
+// refuses it before they are needed.
 template <class Entries, int kHeadDim>
 Entries of_dtype(bool fp16) {
-  return fp16 ? Entries::template of<DType::kF16, kHeadDim>()
-              : Entries::template of<DType::kBF16, kHeadDim>();
+  if constexpr (cuda::head_dim_built(kHeadDim))
+    return fp16 ? Entries::template of<DType::kF16, kHeadDim>()
+                : Entries::template of<DType::kBF16, kHeadDim>();
+  else
+    return {};
 }
 template <class Entries>
 Entries entries_for(const AttnParams& p) {
@@ -74,10 +80,8 @@ Entries entries_for(const AttnParams& p) {
 std::string refuse_common(const AttnParams& p) {
   FL_REFUSE_IF(cuda::refuse_placement(p, cuda::Inputs::kHalf, "the m16n8k16 tensor-core MMA"));
   FL_REFUSE_IF(cuda::refuse_unequal_head_dims(p));
-  const int d = p.head_dim;
-  if (d != 64 && d != 96 && d != 128 && d != 192 && d != 256)
-    return "head_dim must be 64, 96, 128, 192 or 256 (the instantiations built), got " +
-           std::to_string(d);
+  FL_REFUSE_IF(
+      cuda::refuse_head_dim(p.head_dim, cuda::kCuteHeadDims, "64, 96, 128, 192 or 256"));
   return cuda::refuse_grid_heads_batch(p);
 }
 

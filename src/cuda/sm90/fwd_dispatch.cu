@@ -12,6 +12,7 @@
 
 #include "common/registry.h"
 #include "cuda/common.cuh"
+#include "cuda/head_dims.h"
 #include "cuda/refusals.h"
 #include "cuda/sm90/fwd_dispatch.h"
 
@@ -25,18 +26,29 @@ constexpr char kSummary[] =
     "at head dim 64) with setmaxnreg, pingpong, intra-warpgroup overlap, lazy rescaling; "
     "fp16/bf16, head dim 64/128/256, causal, window, softcap, GQA/MQA, varlen, LSE";
 
+// The head dims cute_fa3 has instantiations for.
+constexpr int kHeadDims[] = {64, 128, 256};
+
+// One head dim's instantiation; none for a head dim this build did not compile
+// (FLASHLAB_HEAD_DIMS), which supports_instance refuses before it is needed.
+template <int kHeadDim>
+Instance of_dtype(bool fp16) {
+  if constexpr (cuda::head_dim_built(kHeadDim))
+    return fp16 ? instance<DType::kF16, kHeadDim>() : instance<DType::kBF16, kHeadDim>();
+  else
+    return {};
+}
+
 // The runtime → compile-time switch: the instantiation that serves p (dtype and head dim
-// already checked by supports()).
+// checked by supports_instance()).
 Instance instance_for(const FwdParams& p) {
   const bool fp16 = p.dtype == DType::kF16;
   switch (p.head_dim) {
-    case 64: return fp16 ? instance<DType::kF16, 64>() : instance<DType::kBF16, 64>();
-    case 128: return fp16 ? instance<DType::kF16, 128>() : instance<DType::kBF16, 128>();
-    default: return fp16 ? instance<DType::kF16, 256>() : instance<DType::kBF16, 256>();
+    case 64: return of_dtype<64>(fp16);
+    case 128: return of_dtype<128>(fp16);
+    default: return of_dtype<256>(fp16);
   }
 }
-
-bool head_dim_supported(int d) { return d == 64 || d == 128 || d == 256; }
 
 // A tensor map's rules for one tensor: a 16-byte-aligned base, and every stride of a mode
 // with more than one index (rows, heads, batch) a nonzero multiple of 16 bytes below 2^40.
@@ -89,9 +101,7 @@ Status run(const FwdParams& p) { return run_instance(p, instance_for(p)); }
 std::string supports_instance(const FwdParams& p, const Instance& in) {
   FL_REFUSE_IF(cuda::refuse_placement(p, cuda::Inputs::kHalf, "the wgmma path"));
   FL_REFUSE_IF(cuda::refuse_unequal_head_dims(p));
-  if (!head_dim_supported(p.head_dim))
-    return "head_dim must be 64, 128 or 256 (the instantiations built), got " +
-           std::to_string(p.head_dim);
+  FL_REFUSE_IF(cuda::refuse_head_dim(p.head_dim, kHeadDims, "64, 128 or 256"));
   // The running max is kept in raw-score units and scaled inside the exp2's FMA, which
   // orders scores correctly only for a positive scale (softcap's tanh path scales first).
   if (p.scale < 0.f && p.mask.softcap <= 0.f)

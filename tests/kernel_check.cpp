@@ -55,14 +55,14 @@ Yardstick run_yardstick(const Problem& p, const Inputs& in, bool with_backward) 
 // yardstick computes what the oracle computes.
 void expect_rule(std::string_view name, const std::vector<double>& kernel,
                  const std::vector<double>& lowp, const std::vector<double>& fp32,
-                 const std::vector<double>& oracle, double magnitude) {
+                 const std::vector<double>& oracle, double magnitude, double from_out = 0) {
   const MaxError ek = max_abs_err(kernel, oracle);
   const MaxError el = max_abs_err(lowp, oracle);
   const MaxError e32 = max_abs_err(fp32, oracle);
   EXPECT_LE(e32.value, yardstick_cap(DType::kF32, oracle))
       << name << ": the yardstick in fp32 strays from the oracle by " << describe(e32)
       << "; they disagree on what attention computes here, so the rule would prove nothing";
-  EXPECT_TRUE(within_rule(name, ek, el, magnitude));
+  EXPECT_TRUE(within_rule(name, ek, el, magnitude, from_out));
 }
 
 // The inputs' bytes before the run, to prove the kernel did not write them.
@@ -230,9 +230,9 @@ void check_backward(std::string_view kernel, const Case& c, PlacementFactory mak
   EXPECT_TRUE(dv.written_exactly("dv"));
   expect_unchanged(inputs);
   expect_rule("dq", dq.to_f64(), y.lowp.dq, y.fp32.dq, oracle.dq,
-              gradient_magnitude(oracle.dq, y.lowp.dq_terms));
+              gradient_magnitude(oracle.dq, y.lowp.dq_terms), y.lowp.dq_from_out);
   expect_rule("dk", dk.to_f64(), y.lowp.dk, y.fp32.dk, oracle.dk,
-              gradient_magnitude(oracle.dk, y.lowp.dk_terms));
+              gradient_magnitude(oracle.dk, y.lowp.dk_terms), y.lowp.dk_from_out);
   expect_rule("dv", dv.to_f64(), y.lowp.dv, y.fp32.dv, oracle.dv, magnitude_of(oracle.dv));
 }
 

@@ -236,19 +236,21 @@ double gradient_magnitude(const std::vector<double>& oracle, double terms) {
   return std::max(magnitude_of(oracle), std::isfinite(terms) ? terms : 0.0);
 }
 
-double rule_bound(const MaxError& lowp, double magnitude) {
-  return kErrFactor * lowp.value + kErrSlack * std::max(1.0, magnitude);
+double rule_bound(const MaxError& lowp, double magnitude, double from_out) {
+  return kErrFactor * lowp.value + kErrSlack * std::max(1.0, magnitude) +
+         (std::isfinite(from_out) ? from_out : 0.0);
 }
 
 ::testing::AssertionResult within_rule(std::string_view name, const MaxError& kernel,
-                                       const MaxError& lowp, double magnitude) {
-  const double bound = rule_bound(lowp, magnitude);
+                                       const MaxError& lowp, double magnitude, double from_out) {
+  const double bound = rule_bound(lowp, magnitude, from_out);
   if (std::isfinite(kernel.value) && kernel.value <= bound)
     return ::testing::AssertionSuccess() << name << " ok";
   return ::testing::AssertionFailure()
          << name << ": max abs error vs the fp64 oracle " << describe(kernel) << " > bound "
          << bound << " = 2 x low-precision path's " << describe(lowp) << " + 1e-5 x "
-         << std::max(1.0, magnitude);
+         << std::max(1.0, magnitude)
+         << (from_out > 0 ? " + O's rounding " + std::to_string(from_out) : std::string());
 }
 
 double yardstick_cap(DType dtype, const std::vector<double>& oracle) {

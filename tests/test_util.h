@@ -122,9 +122,12 @@ inline constexpr double kErrSlack = 1e-5;
 double magnitude_of(const std::vector<double>& oracle);
 // dq's and dk's magnitude: the larger of their values' and of the terms their sums cancel.
 double gradient_magnitude(const std::vector<double>& oracle, double terms);
-double rule_bound(const MaxError& lowp, double magnitude);
+// from_out: for dq and dk, what O's rounding can move them by (Results::dq_from_out), which
+// the bound adds; 0 elsewhere.
+double rule_bound(const MaxError& lowp, double magnitude, double from_out = 0);
 ::testing::AssertionResult within_rule(std::string_view name, const MaxError& kernel,
-                                       const MaxError& lowp, double magnitude = 1.0);
+                                       const MaxError& lowp, double magnitude = 1.0,
+                                       double from_out = 0);
 // A sanity cap on the yardstick itself, relative to the size of the values: if the
 // low-precision path strays this far from the oracle, the two disagree on what is
 // computed (a mask convention, say), and the rule would pass anything.
@@ -225,6 +228,12 @@ struct Results {
   // largest over rows (keys) of |scale| · Σ P · (|dP| + |D|) · |dlogit| · max |k| (max |q|).
   // The rule's slack for dq and dk is relative to it (docs/DESIGN.md).
   double dq_terms = 0, dk_terms = 0;
+  // run_lowp's backward only: the most that O's rounding can move dq (dk), the largest over
+  // rows (keys). A backward reads O in the input dtype as some forward stored it, and
+  // D = rowsum(dO ∘ O) carries that rounding into every dS of the row: 2u · Σ_j P_j Σ_d
+  // |dO_d v_jd| for D (u the dtype's unit roundoff), times |scale| · Σ_j P_j |dlogit| max |k|.
+  // The rule adds it to dq's and dk's bound (docs/DESIGN.md).
+  double dq_from_out = 0, dk_from_out = 0;
 };
 
 // The oracle: cpu_reference through the public API on fp64 copies of the inputs, so out

@@ -22,6 +22,16 @@ std::vector<float> as_floats(const HostTensor& t) {
   return v;
 }
 
+// The largest relative error of rounding to dtype (half its spacing at 1).
+double unit_roundoff(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return 0x1p-8;
+    case DType::kF16: return 0x1p-11;
+    case DType::kF32: return 0x1p-24;
+    default: return 0x1p-53;
+  }
+}
+
 // The inputs both emulations read, as float copies.
 struct Floats {
   std::vector<float> q, k, v, dout;
@@ -142,17 +152,26 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
   // Row r of sequence b, in the packed numbering both layouts share.
   const Packing pk(p);
   Results r = zero_results(p, with_backward);
-  // Per task, the largest size of the terms dq's and dk's sums cancel (Results::dq_terms).
+  // Per task, the largest size of the terms dq's and dk's sums cancel (Results::dq_terms),
+  // and the most that O's rounding moves them (Results::dq_from_out).
   std::vector<double> dq_terms(size_t(p.batch) * p.heads_kv, 0.0), dk_terms(dq_terms);
+  std::vector<double> dq_from_out(dq_terms), dk_from_out(dq_terms);
+  // A backward reads O as stored, in the input dtype, computed by some forward: O_d is off
+  // by at most 2u · Σ_j P_j |v_jd| (u the dtype's unit roundoff: P rounded before P·V, then
+  // O itself), so D = rowsum(dO ∘ O) by 2u · Σ_j P_j Σ_d |dO_d v_jd|.
+  const double two_u = 2 * unit_roundoff(dt);
 
   for_each_task(p, pk, floats, [&](const Task& t) {
     const int b = t.b, hk = t.hk, lq = t.lq, lk = t.lk;
     const size_t task = size_t(b) * p.heads_kv + hk;
-    // Each key's largest |Ks| entry, and per key the terms of its dk over the group's rows.
+    // Each key's largest |Ks| entry.
     std::vector<float> kmax(with_backward ? lk : 0, 0.f);
     for (int j = 0; j < int(kmax.size()); ++j)
       for (int d = 0; d < D; ++d) kmax[j] = std::max(kmax[j], std::abs(t.k(j)[d]));
-    std::vector<double> key_terms(kmax.size(), 0.0);
+    // Per key, two sums over the group's rows: the terms of its dk, and O's rounding in it.
+    std::vector<double> key_sums(2 * kmax.size(), 0.0);
+    double* key_terms = key_sums.data();
+    double* key_from_out = key_terms + kmax.size();
     // Dropout's factor (torch: x · mask · 1/(1 − p)): 0, 1/(1 − p), or 1 when off.
     auto zf = [&](int h, int i, int j) {
       if (!drop.enabled()) return 1.f;
@@ -212,11 +231,17 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
         const float* doi = t.dout(i, h);
         float* dsrow = dS.data() + size_t(i) * lk;
         float rowsum = 0.f;
+        double d_abs = 0;  // Σ_j |P_j f_j| Σ_d |dO_d v_jd|: D's size, for O's rounding
         for (int j = jb; j < je; ++j) {
           const float* vj = t.v(j);
           float dp = 0.f;
-          for (int d = 0; d < Dv; ++d) dp += doi[d] * vj[d];
+          double dp_abs = 0;
+          for (int d = 0; d < Dv; ++d) {
+            dp += doi[d] * vj[d];
+            dp_abs += std::abs(double(doi[d]) * vj[d]);
+          }
           const float f = zf(h, i, j);
+          d_abs += std::abs(double(prow[j]) * f) * dp_abs;
           dsrow[j] = f == 1.f ? rnd(dp) : rnd(rnd(dp) * f);  // dP
           rowsum += dsrow[j] * prow[j];
           const float z = f == 1.f ? prow[j] : rnd(prow[j] * f);
@@ -225,18 +250,22 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
         const float* qi = t.q(i, h);
         float qmax = 0.f;
         for (int d = 0; d < D; ++d) qmax = std::max(qmax, std::abs(qi[d]));
-        double row_terms = 0;
+        const double d_err = two_u * d_abs;  // how far O's rounding can move D
+        double row_terms = 0, row_from_out = 0;
         for (int j = jb; j < je; ++j) {
           const float dlogit = cap > 0.f ? 1.f - urow[j] * urow[j] : 1.f;
-          const double term =
-              double(std::abs(prow[j] * dlogit)) * (std::abs(dsrow[j]) + std::abs(rowsum));
+          const double pd = std::abs(double(prow[j]) * dlogit);
+          const double term = pd * (std::abs(dsrow[j]) + std::abs(rowsum));
           row_terms += term * kmax[j];
           key_terms[j] += term * qmax;
+          row_from_out += pd * d_err * kmax[j];
+          key_from_out[j] += pd * d_err * qmax;
           float ds = rnd(prow[j] * (dsrow[j] - rowsum));
           if (cap > 0.f) ds = rnd(rnd(rnd(ds * cap) * dlogit) / cap);
           dsrow[j] = ds;
         }
         dq_terms[task] = std::max(dq_terms[task], std::abs(double(q_mul)) * row_terms);
+        dq_from_out[task] = std::max(dq_from_out[task], std::abs(double(q_mul)) * row_from_out);
         std::fill(acc.begin(), acc.begin() + D, 0.f);
         for (int j = jb; j < je; ++j) {
           const float* kj = t.k(j);
@@ -253,10 +282,15 @@ Results run_lowp(const Problem& p, const Inputs& in, bool with_backward) {
     }
     if (!with_backward) return;
     t.store_kv_grads(dk_sum, dv_sum, [&](float x, bool) { return rnd(x); }, &r);
-    for (double kt : key_terms) dk_terms[task] = std::max(dk_terms[task], double(k_mul) * kt);
+    for (size_t j = 0; j < kmax.size(); ++j) {
+      dk_terms[task] = std::max(dk_terms[task], double(k_mul) * key_terms[j]);
+      dk_from_out[task] = std::max(dk_from_out[task], double(k_mul) * key_from_out[j]);
+    }
   });
   for (double x : dq_terms) r.dq_terms = std::max(r.dq_terms, x);
   for (double x : dk_terms) r.dk_terms = std::max(r.dk_terms, x);
+  for (double x : dq_from_out) r.dq_from_out = std::max(r.dq_from_out, x);
+  for (double x : dk_from_out) r.dk_from_out = std::max(r.dk_from_out, x);
   return r;
 }
 

@@ -12,11 +12,13 @@ import sys
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _flashlab
+from ._version import __version__
 from ._options import Array, int32, kernel_for, options, window
 
 Output = Union[Array, Tuple[Array, Array, None]]
 
 __all__ = [
+    "__version__",
     "flash_attn_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",

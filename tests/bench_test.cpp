@@ -1,6 +1,7 @@
 // The benchmark harness (include/flashlab/bench.h): the FLOP formula against a brute-force
 // count of visible pairs, the run plan, alternating rounds, the check of an
-// implementation's outputs, and the checked slice of a large problem.
+// implementation's outputs (against a reference made once per problem), and the checked
+// slice of a large problem.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -259,6 +260,63 @@ TEST(BenchCheck, AWrongShapeFails) {
                      &e).ok());
   EXPECT_EQ(e.row.status, RowStatus::kFail);
   EXPECT_NE(e.row.reason.find("expected [1, 16, 2, 16]"), std::string::npos) << e.row.reason;
+}
+
+// The rows of run_bench on `p` with `kernels` (one timed call each).
+Report bench_rows(const Problem& p, std::vector<std::string> kernels, double check_flops = 80e9) {
+  Options o = quiet_options();
+  o.kernels = std::move(kernels);
+  o.timing.warmup = 0, o.timing.iters = 1;
+  o.check_flops = check_flops;
+  Report r;
+  const Status s = run_bench(p, o, &r);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return r;
+}
+
+// On fp32, cpu_reference's checked call is the reference (fp64 arithmetic rounded once to
+// fp32), not a second fp64 run: it agrees with itself exactly, and another kernel's error
+// moves by at most that rounding from what the computed reference gives.
+TEST(BenchCheck, CpuReferenceOnFp32GivesTheReferenceWithItsCheckedCall) {
+  for (bool backward : {false, true}) {
+    Problem p = problem(2, 4, 2, 40, 56, 16, 16);
+    p.causal = true;
+    p.backward = backward;
+    // The backward is checked on a slice: the reference is read off the full outputs.
+    const double budget = backward ? pass_flops(p) / 4 : 80e9;
+    const Report alone = bench_rows(p, {"cpu_flash"}, budget);
+    const Report both = bench_rows(p, {"cpu_flash", "cpu_reference"}, budget);
+    ASSERT_EQ(both.rows.size(), 2u);
+    EXPECT_EQ(both.rows[0].kernel, "cpu_flash");  // rows keep the order asked for
+    const Row& flash = both.rows[0];
+    const Row& ref = both.rows[1];
+    EXPECT_EQ(flash.status, RowStatus::kOk) << flash.reason;
+    EXPECT_EQ(ref.status, RowStatus::kOk) << ref.reason;
+    EXPECT_NE(both.checked.find("its checked call"), std::string::npos) << both.checked;
+    EXPECT_EQ(alone.checked.find("its checked call"), std::string::npos) << alone.checked;
+    const std::pair<double Row::*, const char*> errs[] = {
+        {&Row::err_out, "out"}, {&Row::err_lse, "lse"}, {&Row::err_dq, "dq"},
+        {&Row::err_dk, "dk"}, {&Row::err_dv, "dv"}};
+    for (const auto& [err, name] : errs) {
+      const double mine = ref.*err, before = alone.rows[0].*err, now = flash.*err;
+      if (std::isnan(before)) {
+        EXPECT_TRUE(std::isnan(now)) << name;
+        continue;
+      }
+      EXPECT_EQ(mine, 0.0) << name;
+      EXPECT_NEAR(now, before, 1e-6) << name;  // 2^-24 of values of a few units
+    }
+  }
+}
+
+TEST(BenchCheck, CpuReferenceOnBf16IsComparedWithTheFp64Reference) {
+  Problem p = problem(1, 2, 2, 32, 32, 16, 16);
+  p.dtype = DType::kBF16;
+  const Report r = bench_rows(p, {"cpu_reference"});
+  ASSERT_EQ(r.rows.size(), 1u);
+  EXPECT_EQ(r.rows[0].status, RowStatus::kOk) << r.rows[0].reason;
+  EXPECT_GT(r.rows[0].err_out, 0.0);  // its bf16 outputs against the fp64 ones
+  EXPECT_EQ(r.checked.find("its checked call"), std::string::npos) << r.checked;
 }
 
 // ---- the slice --------------------------------------------------------------------------

@@ -264,7 +264,7 @@ Status Oracle::compute(const Problem& p, const Slice& s, const std::array<Tensor
   if (!st.ok()) return st;
   for (Slot slot : outputs_of(p)) {
     if (slot == kLse) {
-      want_[kLse].assign(lse.begin(), lse.end());
+      keep(kLse, std::vector<double>(lse.begin(), lse.end()));
       continue;
     }
     Box keys = full_box(v[slot]);  // dk and dv: the keys that are compared
@@ -272,12 +272,29 @@ Status Oracle::compute(const Problem& p, const Slice& s, const std::array<Tensor
       keys.begin[1] = std::max(s.key0, 0);
       keys.count[1] = s.keys_compared() ? p.seqlen_k - s.key0 : 0;
     }
-    want_[slot] = gather(v[slot], keys);
-    grad_scale_[slot] = 1.0;
-    for (double x : want_[slot]) grad_scale_[slot] = std::max(grad_scale_[slot], std::fabs(x));
+    keep(slot, gather(v[slot], keys));
   }
   ready_ = true;
   return {};
+}
+
+Status Oracle::adopt(const Problem& p, const Slice& s, const std::array<Tensor, kSlots>& got,
+                     void* stream) {
+  for (Slot slot : outputs_of(p)) {
+    Buffer keep_host;
+    Tensor host;
+    if (Status st = host_view(got[slot], stream, &keep_host, &host); !st.ok()) return st;
+    const bool keys_cut = (slot == kDk || slot == kDv) && !s.keys_compared();
+    keep(slot, keys_cut ? std::vector<double>{} : gather(host, box_of(p, s, slot)));
+  }
+  ready_ = true;
+  return {};
+}
+
+void Oracle::keep(Slot slot, std::vector<double> want) {
+  want_[slot] = std::move(want);
+  grad_scale_[slot] = 1.0;
+  for (double x : want_[slot]) grad_scale_[slot] = std::max(grad_scale_[slot], std::fabs(x));
 }
 
 Status Oracle::compare(const Problem& p, const Slice& s, const std::array<Tensor, kSlots>& got,

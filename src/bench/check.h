@@ -48,6 +48,11 @@ class Oracle {
   // `inputs` holds views of set 0's operands (any device); threads as the API takes them.
   Status compute(const Problem& p, const Slice& s, const std::array<Tensor, kSlots>& inputs,
                  int threads, void* stream, Progress* progress);
+  // The outputs of a cpu_reference call on set 0 of an fp32 problem as the reference:
+  // cpu_reference computes in fp64 whatever the dtype and rounds once to fp32 on store
+  // (LSE is fp32 either way), so its checked call gives compute()'s outputs to within
+  // that rounding (2^-24 relative, far below every tolerance) without a second fp64 run.
+  Status adopt(const Problem& p, const Slice& s, const std::array<Tensor, kSlots>& got, void* stream);
   bool ready() const { return ready_; }
 
   // Fills the row's errors and, when an output is not fully written or is off by more
@@ -57,6 +62,8 @@ class Oracle {
                  void* stream, Row* row) const;
 
  private:
+  void keep(Slot slot, std::vector<double> want);  // want_ and, from it, grad_scale_
+
   bool ready_ = false;
   std::array<std::vector<double>, kSlots> want_;  // reference outputs of the slice
   // max(1, max |reference|) of each gradient: its tolerance scales with it, since a

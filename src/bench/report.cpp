@@ -1,9 +1,11 @@
 // Runs over the registry (run_bench, run_ladder), the ratios between rows, and the
 // report's footer.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <numeric>
 
 #if FLASHLAB_WITH_CUDA
 #include <cuda_runtime.h>
@@ -57,9 +59,14 @@ Status run_bench(const Problem& p, const Options& o, Report* report) {
   if (Status s = Bench::create(p, o, &bench); !s.ok()) return s;
   std::vector<Entry> entries(o.kernels.size());
   std::vector<Entry*> all;
-  for (size_t i = 0; i < entries.size(); ++i) {
+  for (Entry& e : entries) all.push_back(&e);
+  // cpu_reference goes first, so that on fp32 its checked call is the reference the others
+  // are compared with instead of a second fp64 run (Bench::add_kernel); rows keep their order.
+  std::vector<size_t> order(entries.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_partition(order.begin(), order.end(), [&](size_t i) { return o.kernels[i] == "cpu_reference"; });
+  for (size_t i : order) {
     if (Status s = bench->add_kernel(o.kernels[i], &entries[i]); !s.ok()) return s;
-    all.push_back(&entries[i]);
     if (o.timing.rounds > 1) continue;
     Entry* one = &entries[i];
     bench->time({&one, 1});

@@ -67,7 +67,9 @@ usage:
 
 `flashlab bench --help` lists the benchmark's flags and explains its columns.
 
-exit codes: 0 ok, 1 library/CUDA error, 2 bad command line, 3 a kernel failed its check
+exit codes: 0 ok, 1 library/CUDA error or a kernel that did not run (one named with
+  --kernel that refused the problem, or none of the device's kernels ran), 2 bad command
+  line, 3 a kernel failed its check
 )";
 
 constexpr const char* kListHelp = R"(usage: flashlab list
@@ -182,7 +184,9 @@ timing: CPU std::chrono::steady_clock; CUDA a cudaEvent pair per call on one str
   to plan the rest; a call over 10 s is its own one sample. Calls over 3 s show a
   progress line on stderr. docs/BENCHMARK.md describes the method.
 
-exit codes: 0 ok, 1 library/CUDA error, 2 bad command line, 3 a kernel failed its check
+exit codes: 0 ok, 1 library/CUDA error or a kernel that did not run (one named with
+  --kernel that refused the problem, or none of the device's kernels ran), 2 bad command
+  line, 3 a kernel failed its check
 )";
 
 // ---- flag parsing -----------------------------------------------------------------------
@@ -460,6 +464,27 @@ void throw_if_error(const flashlab::Status& s) {
   if (!s.ok()) throw EnvironmentError{s.message()};
 }
 
+// Every kernel named with --kernel must run the problem; without --kernel, at least one of
+// the device's. Each one that refused is named on stderr; kExitError when the rule is
+// broken, else `code` (the report's own exit code).
+int with_refusals(const Report& report, bool named, int code) {
+  bool any_ran = false;
+  std::vector<const flashlab::bench::Row*> refused;
+  for (const flashlab::bench::Row& r : report.rows) {
+    if (r.status == flashlab::bench::RowStatus::kUnsupported)
+      refused.push_back(&r);
+    else
+      any_ran = true;
+  }
+  if (any_ran && (!named || refused.empty())) return code;
+  for (const flashlab::bench::Row* r : refused)
+    std::fprintf(stderr, "flashlab: kernel '%s' did not run on %s, mask %s: %s\n", r->kernel.c_str(),
+                 flashlab::bench::shape_string(r->problem).c_str(),
+                 flashlab::bench::mask_string(r->problem).c_str(), r->reason.c_str());
+  if (!any_ran) std::fprintf(stderr, "flashlab: no kernel ran\n");
+  return code == kExitOk ? kExitError : code;
+}
+
 // ---- commands ---------------------------------------------------------------------------
 
 int cmd_bench(const std::vector<std::string>& args) {
@@ -491,7 +516,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     flashlab::cli::print_csv(report);
   else
     flashlab::cli::print_table(report, groups, f.ladder);
-  return flashlab::cli::exit_code_of(report);
+  return with_refusals(report, !f.kernels.empty(), flashlab::cli::exit_code_of(report));
 }
 
 int cmd_list(const std::vector<std::string>& args) {

@@ -111,10 +111,10 @@ Status check_cu_seqlens(const Tensor& cu, const char* name, const Tensor& q) {
 // longest a sequence can be, so that nothing sized by it exceeds the tensors' own sizes.
 Status read_varlen_dims(const CommonArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, Dims* d) {
-  FL_CHECK(check_cu_seqlens(a.maybe_cu_seqlens_q, "maybe_cu_seqlens_q", q));
-  FL_CHECK(check_cu_seqlens(a.maybe_cu_seqlens_k, "maybe_cu_seqlens_k", q));
+  FL_CHECK(check_cu_seqlens(a.maybe_cu_seqlens_q, "cu_seqlens_q", q));
+  FL_CHECK(check_cu_seqlens(a.maybe_cu_seqlens_k, "cu_seqlens_k", q));
   if (a.maybe_cu_seqlens_q.shape[0] != a.maybe_cu_seqlens_k.shape[0])
-    return invalid("maybe_cu_seqlens_q and maybe_cu_seqlens_k must have the same length "
+    return invalid("cu_seqlens_q and cu_seqlens_k must have the same length "
                    "(batch + 1), got " + to_string(a.maybe_cu_seqlens_q.shape[0]) + " and " +
                    to_string(a.maybe_cu_seqlens_k.shape[0]));
   if (a.max_seqlen_q < 0) return invalid("max_seqlen_q must be >= 0");
@@ -126,9 +126,9 @@ Status read_varlen_dims(const CommonArgs& a, const Tensor& q, const Tensor& k, c
   d->seqlen_k = std::min<int64_t>(a.max_seqlen_k, d->total_k);
   FL_CHECK(expect_dim(v, "v", 0, d->total_k, "total_k"));
   FL_CHECK(expect_dim(out, "out", 0, d->total_q, "total_q"));
-  FL_CHECK(check_cu_contents(a, a.maybe_cu_seqlens_q, "maybe_cu_seqlens_q", d->total_q,
+  FL_CHECK(check_cu_contents(a, a.maybe_cu_seqlens_q, "cu_seqlens_q", d->total_q,
                              a.max_seqlen_q, "max_seqlen_q"));
-  return check_cu_contents(a, a.maybe_cu_seqlens_k, "maybe_cu_seqlens_k", d->total_k,
+  return check_cu_contents(a, a.maybe_cu_seqlens_k, "cu_seqlens_k", d->total_k,
                            a.max_seqlen_k, "max_seqlen_k");
 }
 
@@ -161,7 +161,7 @@ Status read_dims(const CommonArgs& a, const Tensor& q, const Tensor& k, const Te
                  const Tensor& out, Dims* d) {
   const bool has_cq = a.maybe_cu_seqlens_q.present(), has_ck = a.maybe_cu_seqlens_k.present();
   if (has_cq != has_ck)
-    return invalid("maybe_cu_seqlens_q and maybe_cu_seqlens_k must both be given (varlen) or "
+    return invalid("cu_seqlens_q and cu_seqlens_k must both be given (varlen) or "
                    "both be absent");
   d->varlen = has_cq;
   const int r = d->varlen ? 3 : 4;
@@ -323,11 +323,11 @@ void fill_lse(const Tensor& lse, bool varlen, AttnParams* p) {
 Status make_params(const ForwardArgs& a, FwdParams* p) {
   Dims d;
   FL_CHECK(read_dims(a, a.q, a.k, a.v, a.out, &d));
-  if (a.maybe_lse.present()) FL_CHECK(check_lse(a.maybe_lse, "maybe_lse", a.q, d));
-  const NamedView outputs[] = {{&a.out, "out"}, {&a.maybe_lse, "maybe_lse"}};
+  if (a.maybe_lse.present()) FL_CHECK(check_lse(a.maybe_lse, "lse", a.q, d));
+  const NamedView outputs[] = {{&a.out, "out"}, {&a.maybe_lse, "lse"}};
   const NamedView inputs[] = {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"},
-                              {&a.maybe_cu_seqlens_q, "maybe_cu_seqlens_q"},
-                              {&a.maybe_cu_seqlens_k, "maybe_cu_seqlens_k"}};
+                              {&a.maybe_cu_seqlens_q, "cu_seqlens_q"},
+                              {&a.maybe_cu_seqlens_k, "cu_seqlens_k"}};
   FL_CHECK(check_outputs_disjoint(outputs, inputs));
   FL_CHECK(fill_common(a, d, a.q, p));
   fill_qkvo(a.q, a.k, a.v, a.out, d.varlen, p);
@@ -360,15 +360,15 @@ Status make_params(const BackwardArgs& a, BwdParams* p) {
   const NamedView outputs[] = {{&a.dq, "dq"}, {&a.dk, "dk"}, {&a.dv, "dv"}};
   const NamedView inputs[] = {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}, {&a.out, "out"},
                               {&a.dout, "dout"}, {&a.lse, "lse"},
-                              {&a.maybe_cu_seqlens_q, "maybe_cu_seqlens_q"},
-                              {&a.maybe_cu_seqlens_k, "maybe_cu_seqlens_k"}};
+                              {&a.maybe_cu_seqlens_q, "cu_seqlens_q"},
+                              {&a.maybe_cu_seqlens_k, "cu_seqlens_k"}};
   FL_CHECK(check_outputs_disjoint(outputs, inputs));
   FL_CHECK(fill_common(a, d, a.q, p));
   if (a.q.dtype != DType::kF64 && !(std::fabs(p->scale) <= kMaxBackwardScale))
     return invalid("softmax_scale must be within [-" + to_string(int(kMaxBackwardScale)) + ", " +
                    to_string(int(kMaxBackwardScale)) + "] in a backward below fp64 "
-                   "(kMaxBackwardScale: O's and LSE's rounding, times the scale, would swamp "
-                   "the gradients), got " + to_string(p->scale));
+                   "(the rounding of out and lse, times the scale, would swamp the gradients), "
+                   "got " + to_string(p->scale));
   fill_qkvo(a.q, a.k, a.v, a.out, d.varlen, p);
   fill_lse(a.lse, d.varlen, p);
   p->dout = a.dout.data;

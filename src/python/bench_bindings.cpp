@@ -25,6 +25,8 @@ namespace nb = nanobind;
 using namespace flashlab;
 using namespace flashlab::bench;
 
+std::string dlpack_dtype_name(const nb::dlpack::dtype& t);  // src/python/bindings.cpp
+
 namespace {
 
 using Array = nb::ndarray<nb::ro>;
@@ -75,7 +77,9 @@ Tensor import_tensor(nb::handle obj, const std::string& name, std::vector<Array>
   bool known = false;
   for (const auto& [d, dl] : kDtypes)
     if (dl == a.dtype()) t.dtype = d, known = true;
-  if (!known) throw nb::type_error((name + ": unsupported dtype").c_str());
+  if (!known)
+    throw nb::type_error(
+        (name + ".dtype must be fp16, bf16, fp32 or fp64, got " + dlpack_dtype_name(a.dtype())).c_str());
   if (a.device_type() != nb::device::cpu::value && a.device_type() != nb::device::cuda::value)
     throw nb::value_error((name + ": on the CPU or a CUDA device").c_str());
   t.device = a.device_type() == nb::device::cuda::value ? Device::kCUDA : Device::kCPU;

@@ -32,6 +32,45 @@ void raise_if_error(const Status& s) {
   throw nb::value_error(s.message().c_str());
 }
 
+}  // namespace
+
+// A DLPack dtype in the words NumPy and PyTorch use: "int64", "uint8", "bool", "complex64",
+// "float8_e4m3fn"; a vector dtype adds "x<lanes>". Codes past bool are DLPack's low-precision
+// floats, named here by number so that any nanobind version builds this.
+std::string dlpack_dtype_name(const nb::dlpack::dtype& t) {
+  using C = nb::dlpack::dtype_code;
+  static constexpr const char* kNarrow[] = {
+      "float8_e3m4",   "float8_e4m3",     "float8_e4m3b11fnuz", "float8_e4m3fn",
+      "float8_e4m3fnuz", "float8_e5m2",   "float8_e5m2fnuz",    "float8_e8m0fnu",
+      "float6_e2m3fn", "float6_e3m2fn",   "float4_e2m1fn"};  // codes 7 to 17
+  constexpr int kFirstNarrow = 7, kNarrowCount = int(sizeof kNarrow / sizeof *kNarrow);
+  const std::string bits = std::to_string(t.bits);
+  std::string name;
+  switch (t.code) {
+    case uint8_t(C::Int): name = "int" + bits; break;
+    case uint8_t(C::UInt): name = "uint" + bits; break;
+    case uint8_t(C::Float): name = "float" + bits; break;
+    case uint8_t(C::Bfloat): name = "bfloat" + bits; break;
+    case uint8_t(C::Complex): name = "complex" + bits; break;
+    case uint8_t(C::Bool): name = "bool"; break;
+    default:
+      name = t.code >= kFirstNarrow && t.code < kFirstNarrow + kNarrowCount
+                 ? kNarrow[t.code - kFirstNarrow]
+                 : "a dtype of DLPack code " + std::to_string(t.code) + " and " + bits + " bits";
+  }
+  return t.lanes == 1 ? name : name + "x" + std::to_string(t.lanes);
+}
+
+namespace {
+
+// What an argument takes, in the words of the library's own dtype messages
+// (src/api/validate.cpp): cu_seqlens int32, lse fp32, every other tensor a float dtype.
+const char* dtypes_taken(const std::string& name) {
+  if (name.rfind("cu_seqlens", 0) == 0) return "int32";
+  if (name == "lse") return "fp32";
+  return "fp16, bf16, fp32 or fp64";
+}
+
 flashlab::DType dtype_of(const Array& a, const std::string& name) {
   const nb::dlpack::dtype t = a.dtype();
   using C = nb::dlpack::dtype_code;
@@ -42,10 +81,8 @@ flashlab::DType dtype_of(const Array& a, const std::string& name) {
     if (t.code == uint8_t(C::Bfloat) && t.bits == 16) return flashlab::DType::kBF16;
     if (t.code == uint8_t(C::Int) && t.bits == 32) return flashlab::DType::kI32;
   }
-  throw nb::type_error((name + ": unsupported dtype (code " + std::to_string(t.code) + ", " +
-                        std::to_string(t.bits) + " bits); use float16, bfloat16, float32, "
-                        "float64 or int32")
-                           .c_str());
+  throw nb::type_error(
+      (name + ".dtype must be " + dtypes_taken(name) + ", got " + dlpack_dtype_name(t)).c_str());
 }
 
 // The arrays of one call, held until it returns: a DLPack capsule (what the torch layer passes,

@@ -30,7 +30,7 @@ TEST_F(ValidationTest, NullDataPointer) {
                              : t == &ForwardArgs::k   ? "k"
                              : t == &ForwardArgs::v   ? "v"
                              : t == &ForwardArgs::out ? "out"
-                                                      : "maybe_lse";
+                                                      : "lse";
     SCOPED_TRACE(name);
     expect_fwd_rejected(a, StatusCode::kInvalidArgument, {name + ".data is null"});
   }
@@ -180,16 +180,16 @@ TEST_F(ValidationTest, GradientShapeMismatch) {
 TEST_F(ValidationTest, LseShapeMismatch) {
   ForwardArgs a = fwd();
   a.maybe_lse.rank = 2;
-  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"maybe_lse must have rank 3"});
+  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"lse must have rank 3"});
   a = fwd();
   a.maybe_lse.shape[0] = 1;
-  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"maybe_lse.shape[0] (batch) must be 2"});
+  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"lse.shape[0] (batch) must be 2"});
   a = fwd();
   a.maybe_lse.shape[1] = 2;
-  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"maybe_lse.shape[1] (heads_q) must be 4"});
+  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"lse.shape[1] (heads_q) must be 4"});
   a = fwd();
   a.maybe_lse.shape[2] = 4;
-  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"maybe_lse.shape[2] (seqlen_q) must be 3"});
+  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"lse.shape[2] (seqlen_q) must be 3"});
   BackwardArgs b = bwd();
   b.lse.shape[2] = 2;
   expect_bwd_rejected(b, StatusCode::kInvalidArgument, {"lse.shape[2] (seqlen_q) must be 3"});
@@ -198,10 +198,10 @@ TEST_F(ValidationTest, LseShapeMismatch) {
 TEST_F(ValidationTest, LseDtypeAndDevice) {
   ForwardArgs a = fwd();
   a.maybe_lse.dtype = DType::kF64;
-  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"maybe_lse.dtype must be fp32", "fp64"});
+  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"lse.dtype must be fp32", "fp64"});
   a = fwd();
   a.maybe_lse = on_cuda(a.maybe_lse, 0x100000);
-  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"maybe_lse must be on the device of q"});
+  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"lse must be on the device of q"});
 }
 
 TEST_F(ValidationTest, BackwardRequiresLse) {
@@ -274,7 +274,7 @@ TEST_F(ValidationTest, MisalignedDeviceStride) {
 TEST_F(ValidationTest, MisalignedDeviceLse) {
   ForwardArgs a = fwd_on_cuda();
   a.maybe_lse.data = reinterpret_cast<void*>(0x500002);
-  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"maybe_lse.data must be 4-byte aligned"});
+  expect_fwd_rejected(a, StatusCode::kInvalidArgument, {"lse.data must be 4-byte aligned"});
 }
 
 TEST_F(ValidationTest, AlignmentIsOnlyRequiredOnTheDevice) {

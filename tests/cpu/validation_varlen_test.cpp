@@ -24,7 +24,7 @@ TEST_F(VarlenValidationTest, ValidWithZeroLengthSequences) {
 TEST_F(VarlenValidationTest, CuSeqlensBothOrNeither) {
   ForwardArgs a = vfwd();
   a.maybe_cu_seqlens_k = Tensor{};
-  expect_varlen_rejected(a, {"maybe_cu_seqlens_q and maybe_cu_seqlens_k must both be given"});
+  expect_varlen_rejected(a, {"cu_seqlens_q and cu_seqlens_k must both be given"});
 }
 
 TEST_F(VarlenValidationTest, VarlenTensorsHaveRank3) {
@@ -36,32 +36,32 @@ TEST_F(VarlenValidationTest, VarlenTensorsHaveRank3) {
 TEST_F(VarlenValidationTest, CuSeqlensRank) {
   ForwardArgs a = vfwd();
   a.maybe_cu_seqlens_q.rank = 2;
-  expect_varlen_rejected(a, {"maybe_cu_seqlens_q must have rank 1"});
+  expect_varlen_rejected(a, {"cu_seqlens_q must have rank 1"});
 }
 
 TEST_F(VarlenValidationTest, CuSeqlensDtype) {
   ForwardArgs a = vfwd();
   a.maybe_cu_seqlens_k.dtype = DType::kF32;
-  expect_varlen_rejected(a, {"maybe_cu_seqlens_k.dtype must be int32"});
+  expect_varlen_rejected(a, {"cu_seqlens_k.dtype must be int32"});
 }
 
 TEST_F(VarlenValidationTest, CuSeqlensDevice) {
   ForwardArgs a = vfwd();
   a.maybe_cu_seqlens_q = on_cuda(a.maybe_cu_seqlens_q, 0x100000);
-  expect_varlen_rejected(a, {"maybe_cu_seqlens_q must be on the device of q"});
+  expect_varlen_rejected(a, {"cu_seqlens_q must be on the device of q"});
 }
 
 TEST_F(VarlenValidationTest, CuSeqlensEmpty) {
   ForwardArgs a = vfwd();
   a.maybe_cu_seqlens_q.shape[0] = 0;
   a.maybe_cu_seqlens_k.shape[0] = 0;
-  expect_varlen_rejected(a, {"maybe_cu_seqlens_q must have batch + 1 >= 1 entries"});
+  expect_varlen_rejected(a, {"cu_seqlens_q must have batch + 1 >= 1 entries"});
 }
 
 TEST_F(VarlenValidationTest, CuSeqlensLengthsDiffer) {
   ForwardArgs a = vfwd();
   a.maybe_cu_seqlens_k.shape[0] = 3;
-  expect_varlen_rejected(a, {"maybe_cu_seqlens_q and maybe_cu_seqlens_k must have the same length"});
+  expect_varlen_rejected(a, {"cu_seqlens_q and cu_seqlens_k must have the same length"});
 }
 
 TEST_F(VarlenValidationTest, NegativeMaxSeqlen) {
@@ -82,30 +82,57 @@ TEST_F(VarlenValidationTest, TotalTokensMismatch) {
   expect_varlen_rejected(a, {"out.shape[0] (total_q) must be 5"});
   a = vfwd();
   a.maybe_lse.shape[1] = 4;
-  expect_varlen_rejected(a, {"maybe_lse.shape[1] (total_q) must be 5"});
+  expect_varlen_rejected(a, {"lse.shape[1] (total_q) must be 5"});
 }
 
 TEST_F(VarlenValidationTest, CuSeqlensMustStartAtZero) {
   cu_q.assign({1, 2, 2, 5});
-  expect_varlen_rejected(vfwd(), {"maybe_cu_seqlens_q[0] must be 0"});
+  expect_varlen_rejected(vfwd(), {"cu_seqlens_q[0] must be 0"});
 }
 
 TEST_F(VarlenValidationTest, CuSeqlensMustBeNonDecreasing) {
   cu_k.assign({0, 3, 1, 5});
-  expect_varlen_rejected(vfwd(), {"maybe_cu_seqlens_k must be non-decreasing"});
+  expect_varlen_rejected(vfwd(), {"cu_seqlens_k must be non-decreasing"});
 }
 
 TEST_F(VarlenValidationTest, SequenceLongerThanMaxSeqlen) {
   ForwardArgs a = vfwd();
   a.max_seqlen_k = 3;
-  expect_varlen_rejected(a, {"maybe_cu_seqlens_k: sequence 1 has length 4 > max_seqlen_k = 3"});
+  expect_varlen_rejected(a, {"cu_seqlens_k: sequence 1 has length 4 > max_seqlen_k = 3"});
+}
+
+// Messages name the arguments as the caller knows them (cu_seqlens_q, lse: the Python
+// package's names, and the C++ fields' without the maybe_ of an optional), first thing.
+TEST_F(VarlenValidationTest, MessagesUseTheCallersNames) {
+  struct Case {
+    const char* starts;
+    void (*edit)(ForwardArgs&, HostTensor& cu_q);
+  };
+  const Case cases[] = {
+      {"cu_seqlens_q[0] must be 0", [](ForwardArgs&, HostTensor& c) { c.assign({1, 2, 2, 5}); }},
+      {"cu_seqlens_q[3] = 6 exceeds", [](ForwardArgs& a, HostTensor& c) { c.assign({0, 2, 2, 6}), a.max_seqlen_q = 4; }},
+      {"cu_seqlens_k.dtype must be int32", [](ForwardArgs& a, HostTensor&) { a.maybe_cu_seqlens_k.dtype = DType::kF32; }},
+      {"cu_seqlens_q and cu_seqlens_k must have the same length", [](ForwardArgs& a, HostTensor&) { a.maybe_cu_seqlens_k.shape[0] = 3; }},
+      {"cu_seqlens_q and cu_seqlens_k must both be given", [](ForwardArgs& a, HostTensor&) { a.maybe_cu_seqlens_k = {}; }},
+      {"lse.shape[1] (total_q) must be 5", [](ForwardArgs& a, HostTensor&) { a.maybe_lse.shape[1] = 4; }},
+      {"lse overlaps cu_seqlens_k", [](ForwardArgs& a, HostTensor&) { a.maybe_lse.data = a.maybe_cu_seqlens_k.data; }},
+  };
+  for (const Case& c : cases) {
+    cu_q.assign({0, 2, 2, 5});
+    ForwardArgs a = vfwd();
+    c.edit(a, cu_q);
+    const Status s = forward(a);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.starts;
+    EXPECT_EQ(s.message().rfind(c.starts, 0), 0u) << s.message();
+    EXPECT_EQ(s.message().find("maybe_"), std::string::npos) << s.message();
+  }
 }
 
 TEST_F(VarlenValidationTest, CuSeqlensBeyondPackedRows) {
   cu_q.assign({0, 2, 2, 6});
   ForwardArgs a = vfwd();
   a.max_seqlen_q = 4;
-  expect_varlen_rejected(a, {"maybe_cu_seqlens_q[3] = 6 exceeds the 5 rows"});
+  expect_varlen_rejected(a, {"cu_seqlens_q[3] = 6 exceeds the 5 rows"});
 }
 
 TEST_F(VarlenValidationTest, AllSequencesEmptyIsValid) {
@@ -147,7 +174,7 @@ TEST_F(VarlenValidationTest, CheckInputsNeedsTheCudaRuntime) {
   a.check_inputs = true;
   std::string name;
   EXPECT_TRUE(status_is(select_kernel(a, &name), StatusCode::kUnsupported,
-                        {"check_inputs", "maybe_cu_seqlens_q", "no CUDA runtime"}));
+                        {"check_inputs", "cu_seqlens_q", "no CUDA runtime"}));
 }
 #else
 // With check_inputs, validation copies device cu_seqlens to the host and checks them as it
@@ -166,7 +193,7 @@ TEST_F(VarlenValidationTest, DeviceCuSeqlensAreCheckedOnRequest) {
   EXPECT_TRUE(status_is(select_kernel(a, &name), StatusCode::kUnsupported, {"CPU tensors only"}));
   a.check_inputs = true;
   EXPECT_TRUE(status_is(select_kernel(a, &name), StatusCode::kInvalidArgument,
-                        {"maybe_cu_seqlens_k must be non-decreasing: [2] = 1 < [1] = 3"}));
+                        {"cu_seqlens_k must be non-decreasing: [2] = 1 < [1] = 3"}));
   a.maybe_cu_seqlens_k = good;
   a.max_seqlen_k = 3;
   EXPECT_TRUE(status_is(select_kernel(a, &name), StatusCode::kUnsupported, {"CPU tensors only"}));

@@ -96,11 +96,15 @@ def test_dtype_mismatch():
             v.astype(np.float16))
 
 
-@pytest.mark.parametrize("dtype", [np.int64, np.complex64, np.bool_, np.int8])
-def test_unsupported_dtype_is_a_type_error(dtype):
+@pytest.mark.parametrize("dtype,words", [(np.int64, "int64"), (np.complex64, "complex64"),
+                                         (np.bool_, "bool"), (np.int8, "int8"),
+                                         (np.uint16, "uint16")])
+def test_unsupported_dtype_is_a_type_error(dtype, words):
     q, k, v = _qkv()
-    _expect(TypeError, r"q: unsupported dtype .*; use float16, bfloat16, float32, float64",
+    _expect(TypeError, rf"^q\.dtype must be fp16, bf16, fp32 or fp64, got {words}$",
             attn, q.astype(dtype), k, v)
+    _expect(TypeError, rf"^v\.dtype must be fp16, bf16, fp32 or fp64, got {words}$",
+            attn, q, k, v.astype(dtype))
 
 
 def test_int32_inputs_are_refused():
@@ -212,17 +216,19 @@ def test_varlen_rank():
 
 def test_cu_seqlens_dtype():
     q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
-    _expect(ValueError, r"cu_seqlens_q\.dtype must be int32, got fp32", varlen, q, k, v,
+    _expect(ValueError, r"^cu_seqlens_q\.dtype must be int32, got fp32", varlen, q, k, v,
             cu_q.astype(np.float32), cu_k, 5, 5)
-    _expect(TypeError, r"cu_seqlens_k: unsupported dtype", varlen, q, k, v, cu_q,
-            cu_k.astype(np.int64), 5, 5)
+    _expect(TypeError, r"^cu_seqlens_k\.dtype must be int32, got int64$", varlen, q, k, v,
+            cu_q, cu_k.astype(np.int64), 5, 5)
+    _expect(TypeError, r"^cu_seqlens_q\.dtype must be int32, got uint32$", varlen, q, k, v,
+            cu_q.astype(np.uint32), cu_k, 5, 5)
 
 
 def test_cu_seqlens_rank_and_size():
     q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
-    _expect(ValueError, r"cu_seqlens_q must have rank 1 \[batch \+ 1\]", varlen, q, k, v,
+    _expect(ValueError, r"^cu_seqlens_q must have rank 1 \[batch \+ 1\]", varlen, q, k, v,
             cu_q[None], cu_k, 5, 5)
-    _expect(ValueError, r"cu_seqlens_q must have batch \+ 1 >= 1 entries, got 0", varlen, q, k,
+    _expect(ValueError, r"^cu_seqlens_q must have batch \+ 1 >= 1 entries, got 0", varlen, q, k,
             v, cu_q[:0], cu_k[:0], 5, 5)
 
 
@@ -236,26 +242,26 @@ def test_cu_seqlens_first_entry():
     q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
     bad = cu_q.copy()
     bad[0] = 1
-    _expect(ValueError, r"cu_seqlens_q\[0\] must be 0, got 1", varlen, q, k, v, bad, cu_k, 5, 5)
+    _expect(ValueError, r"^cu_seqlens_q\[0\] must be 0, got 1", varlen, q, k, v, bad, cu_k, 5, 5)
 
 
 def test_cu_seqlens_non_decreasing():
     q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
-    _expect(ValueError, r"cu_seqlens_q must be non-decreasing: \[2\] = 2 < \[1\] = 3", varlen,
+    _expect(ValueError, r"^cu_seqlens_q must be non-decreasing: \[2\] = 2 < \[1\] = 3", varlen,
             q, k, v, np.array([0, 3, 2, 9], dtype=np.int32),
             np.array([0, 4, 9, 9], dtype=np.int32), 7, 5)
 
 
 def test_cu_seqlens_lengths_differ():
     q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
-    _expect(ValueError, r"cu_seqlens_q and maybe_cu_seqlens_k must have the same length "
+    _expect(ValueError, r"^cu_seqlens_q and cu_seqlens_k must have the same length "
                         r"\(batch \+ 1\), got 3 and 2", varlen,
             q, k, v, cu_q, np.array([0, 9], dtype=np.int32), 5, 9)
 
 
 def test_cu_seqlens_past_the_packed_rows():
     q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
-    _expect(ValueError, r"cu_seqlens_k\[2\] = 10 exceeds the 9 rows of the packed tensor",
+    _expect(ValueError, r"^cu_seqlens_k\[2\] = 10 exceeds the 9 rows of the packed tensor",
             varlen, q, k, v, cu_q, np.array([0, 4, 10], dtype=np.int32), 5, 6)
 
 
@@ -287,6 +293,8 @@ def test_backward_lse_shape_and_dtype():
             flashlab.attention_backward, q, k, v, out, out, lse[:, :, :8].copy())
     _expect(ValueError, r"lse\.dtype must be fp32, got fp64", flashlab.attention_backward,
             q, k, v, out, out, lse.astype(np.float64))
+    _expect(TypeError, r"^lse\.dtype must be fp32, got int64$", flashlab.attention_backward,
+            q, k, v, out, out, lse.astype(np.int64))
 
 
 def test_backward_dout_shape_and_dtype():
@@ -341,7 +349,7 @@ def test_check_inputs_on_host_cu_seqlens():
     # Host cu_seqlens are checked either way; check_inputs only adds device ones.
     q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
     assert varlen(q, k, v, cu_q, cu_k, 5, 5, check_inputs=True).shape == q.shape
-    _expect(ValueError, r"cu_seqlens_q\[0\] must be 0", varlen, q, k, v,
+    _expect(ValueError, r"^cu_seqlens_q\[0\] must be 0", varlen, q, k, v,
             np.array([1, 4, 9], dtype=np.int32), cu_k, 5, 5, check_inputs=True)
     out, lse, _ = varlen(q, k, v, cu_q, cu_k, 5, 5, return_attn_probs=True)
     dq, _, _ = flashlab.attention_backward(q, k, v, out, out, lse, cu_seqlens_q=cu_q,
@@ -378,7 +386,7 @@ def test_check_inputs_reads_device_cu_seqlens():
     bad = torch.tensor([0, 6, 4], dtype=torch.int32, device="cuda")
     # Unchecked, the kernels clamp the bad offsets and run; checked, the call is refused.
     varlen(q, k, v, bad, good, 6, 5)
-    _expect(ValueError, r"cu_seqlens_q must be non-decreasing: \[2\] = 4 < \[1\] = 6", varlen,
+    _expect(ValueError, r"^cu_seqlens_q must be non-decreasing: \[2\] = 4 < \[1\] = 6", varlen,
             q, k, v, bad, good, 6, 5, check_inputs=True)
     torch.testing.assert_close(varlen(q, k, v, good, good, 5, 5, check_inputs=True),
                                varlen(q, k, v, good, good, 5, 5))

@@ -1,11 +1,14 @@
 # Finds CUTLASS/CuTe headers and sets FLASHLAB_CUTLASS_INCLUDE.
 #   1. -DCUTLASS_DIR=<dir> (a CUTLASS checkout or its include/ folder), or
 #   2. cutlass/cutlass.h on the default include path, or
-#   3. the nvidia-cutlass package of the Python that CMake finds, else that package from
-#      PyPI, installed into the build tree
-#      (${CMAKE_BINARY_DIR}/_deps/nvidia-cutlass) and used from its
-#      cutlass_library/source/include. No copy of CUTLASS lives in the repository.
-set(FLASHLAB_CUTLASS_VERSION "4.2.0.0" CACHE STRING "nvidia-cutlass version fetched from PyPI when no CUTLASS is found")
+#   3. the nvidia-cutlass package of the Python that CMake finds, else that package's wheel
+#      from PyPI, unpacked into the build tree (${CMAKE_BINARY_DIR}/_deps/nvidia-cutlass)
+#      and used from its cutlass_library/source/include. No copy of CUTLASS lives in the
+#      repository.
+set(FLASHLAB_CUTLASS_VERSION "4.2.0.0")
+set(FLASHLAB_CUTLASS_WHEEL_URL
+    "https://files.pythonhosted.org/packages/21/6b/e86fc2fd536dd4b8bd2209aa31d7002610c501b0802337787eac9c9b328c/nvidia_cutlass-4.2.0.0-py3-none-any.whl")
+set(FLASHLAB_CUTLASS_WHEEL_SHA256 f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6)
 set(CUTLASS_DIR "" CACHE PATH "CUTLASS checkout or include folder")
 
 function(flashlab_find_cutlass)
@@ -45,25 +48,23 @@ function(flashlab_find_cutlass)
     message(STATUS "FlashLab: CUTLASS headers at ${dir}")
     return()
   endif()
+  # Else the nvidia-cutlass wheel from PyPI, downloaded by CMake itself and checked against
+  # its SHA-256, its headers unpacked into the build tree. No pip: `pip install .` builds in
+  # an isolated environment whose Python may have none.
   set(target "${CMAKE_BINARY_DIR}/_deps/nvidia-cutlass")
-  message(STATUS "FlashLab: no CUTLASS found; installing nvidia-cutlass==${FLASHLAB_CUTLASS_VERSION} into ${target}")
-  # This Python's pip, else any pip on the PATH (pip install . builds in an isolated
-  # environment whose Python may have no pip module).
-  set(pip ${Python3_EXECUTABLE} -m pip)
-  execute_process(COMMAND ${pip} --version RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
-  if(NOT rc EQUAL 0)
-    find_program(FLASHLAB_PIP NAMES pip3 pip)
-    if(FLASHLAB_PIP)
-      set(pip ${FLASHLAB_PIP})
-    endif()
-  endif()
-  execute_process(
-    COMMAND ${pip} install --quiet --disable-pip-version-check --no-deps
-            --target "${target}" "nvidia-cutlass==${FLASHLAB_CUTLASS_VERSION}"
-    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  set(wheel "${CMAKE_BINARY_DIR}/_deps/nvidia_cutlass-${FLASHLAB_CUTLASS_VERSION}-py3-none-any.whl")
+  message(STATUS "FlashLab: no CUTLASS found; downloading nvidia-cutlass ${FLASHLAB_CUTLASS_VERSION} into ${target}")
+  file(DOWNLOAD "${FLASHLAB_CUTLASS_WHEEL_URL}" "${wheel}"
+       EXPECTED_HASH SHA256=${FLASHLAB_CUTLASS_WHEEL_SHA256} TLS_VERIFY ON STATUS status)
+  list(GET status 0 rc)
   set(dir "${target}/cutlass_library/source/include")
+  if(rc EQUAL 0)
+    file(ARCHIVE_EXTRACT INPUT "${wheel}" DESTINATION "${target}"
+         PATTERNS "cutlass_library/source/include/*")
+  endif()
   if(NOT rc EQUAL 0 OR NOT EXISTS "${dir}/cute/tensor.hpp")
-    message(FATAL_ERROR "Could not install nvidia-cutlass (${rc}): ${err}\n"
+    message(FATAL_ERROR "Could not download nvidia-cutlass (${status}) from "
+                        "${FLASHLAB_CUTLASS_WHEEL_URL}.\n"
                         "Pass -DCUTLASS_DIR=<cutlass checkout> or turn the CuTe targets off.")
   endif()
   set(FLASHLAB_CUTLASS_INCLUDE "${dir}" CACHE PATH "CUTLASS include folder" FORCE)

@@ -64,6 +64,23 @@ def _positions(x: Array, seqlen_offsets: Union[int, Array], cu_seqlens: Optional
     return lib.arange(rows, **dev) - cu[seq] + start
 
 
+def _torch_ops(x: Array):
+    """The working dtype, a cast, a stack on a new last axis and a concatenation on the last."""
+    import torch
+
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return (work, lambda t, d: t.to(d), lambda t: torch.stack(t, dim=-1),
+            lambda t: torch.cat(t, dim=-1))
+
+
+def _numpy_ops(x: Array):
+    import numpy as np
+
+    work = np.float64 if x.dtype == np.float64 else np.float32
+    return (work, lambda t, d: t.astype(d), lambda t: np.stack(t, axis=-1),
+            lambda t: np.concatenate(t, axis=-1))
+
+
 def apply_rotary_emb(x: Array, cos: Array, sin: Array, interleaved: bool = False,
                      inplace: bool = False, seqlen_offsets: Union[int, Array] = 0,
                      cu_seqlens: Optional[Array] = None,
@@ -99,24 +116,10 @@ def apply_rotary_emb(x: Array, cos: Array, sin: Array, interleaved: bool = False
                              f"{cos.shape[0]} (and offsets >= 0)")
 
     rd = 2 * half
-    if torch_like:
-        import torch
-
-        work = torch.float64 if x.dtype == torch.float64 else torch.float32
-        c, s = cos.to(work)[pos], sin.to(work)[pos]
-        xf = x[..., :rd].to(work)
-        stack = lambda t: torch.stack(t, dim=-1)  # noqa: E731
-        cat = lambda t: torch.cat(t, dim=-1)  # noqa: E731
-        back = lambda t: t.to(x.dtype)  # noqa: E731
-    else:
-        import numpy as np
-
-        work = np.float64 if x.dtype == np.float64 else np.float32
-        c, s = cos.astype(work)[pos], sin.astype(work)[pos]
-        xf = x[..., :rd].astype(work)
-        stack = lambda t: np.stack(t, axis=-1)  # noqa: E731
-        cat = lambda t: np.concatenate(t, axis=-1)  # noqa: E731
-        back = lambda t: t.astype(x.dtype)  # noqa: E731
+    work, cast, stack, cat = _torch_ops(x) if torch_like else _numpy_ops(x)
+    c, s = cast(cos, work)[pos], cast(sin, work)[pos]
+    xf = cast(x[..., :rd], work)
+    back = lambda t: cast(t, x.dtype)  # noqa: E731
     c, s = c[..., None, :], s[..., None, :]  # one angle per token, the same for every head
     a, b = (xf[..., 0::2], xf[..., 1::2]) if interleaved else (xf[..., :half], xf[..., half:])
     ra, rb = a * c - b * s, a * s + b * c

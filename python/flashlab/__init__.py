@@ -22,6 +22,10 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+    "scaled_dot_product_attention",
     "attention_backward",
     "kernels",
     "cuda_available",
@@ -261,3 +265,16 @@ def flash_attn_varlen_func(q: Array, k: Array, v: Array, cu_seqlens_q: Array,
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                       deterministic, return_attn_probs, dropout_seed, kernel, check_inputs)
+
+
+# The packed variants and the SDPA entry build on the functions above; shape errors of
+# every public function gain the layout hint through their one body, _attention.
+from ._variants import (  # noqa: E402
+    flash_attn_kvpacked_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    scaled_dot_product_attention,
+    with_layout_hint,
+)
+
+_attention = with_layout_hint(_attention)

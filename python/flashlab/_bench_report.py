@@ -106,31 +106,45 @@ def write_outputs(results: List[Result], header: str, args) -> str:
     if paths["json"]:
         with open(paths["json"], "w") as f:
             json.dump({"header": header, "results": recs}, f, indent=1)
-    if paths["plots"]:
-        plot(results, paths["plots"])
+    line = plot(results, paths["plots"])
+    if line:
+        print(line, file=sys.stderr)
     return table
 
 
-def plot(results: List[Result], folder: str) -> None:
-    """One PNG per pass: a panel per (causal, head dim), TFLOP/s against seqlen, one line per
-    implementation (FlashLab and Triton solid, peers dashed)."""
+def _k(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def plot(results: List[Result], folder: Optional[str]) -> str:
+    """One PNG per pass that has two or more seqlens: a panel per (causal, head dim), TFLOP/s
+    against seqlen, one line per implementation (FlashLab and Triton solid, peers dashed).
+    Returns one line for the user: the PNGs written, or why none was ("" without results)."""
+    if not results:
+        return ""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("plots: matplotlib is not installed; no PNG written", file=sys.stderr)
-        return
-    os.makedirs(folder, exist_ok=True)
+        return "plots: matplotlib is not installed; no PNG written"
+    if not folder:
+        return "plots: no PNG written (--out or --plots names the folder)"
+    said = []  # a path written, or why a pass has no PNG
     for backward, name in ((False, "fwd"), (True, "bwd")):
         rs = [r for r in results if r.problem.backward == backward and not r.decode]
         seqlens = sorted({r.problem.seqlen_k for r in rs})
         if len(seqlens) < 2:
+            if rs:
+                said.append(f"no {name}.png (one seqlen; a plot needs two or more, --seqlens)")
             continue
         hdims = sorted({r.problem.head_dim for r in rs})
         causals = sorted({r.problem.causal for r in rs})
         impls = list(dict.fromkeys(r.impl for r in rs))
+        tokens = {r.problem.batch * r.problem.seqlen_k for r in rs}
+        hidden = {r.problem.heads_q * r.problem.head_dim for r in rs}
+        xlabel = f"seqlen (batch x seqlen = {_k(tokens.pop())} tokens)" if len(tokens) == 1 else "seqlen"
         fig, axes = plt.subplots(len(causals), len(hdims), squeeze=False,
                                  figsize=(4.2 * len(hdims), 3.4 * len(causals)))
         for row, causal in enumerate(causals):
@@ -145,17 +159,19 @@ def plot(results: List[Result], folder: str) -> None:
                                 marker="os^vD<>px*"[n % 10], label=impl.replace("flashlab:", ""),
                                 linestyle="-" if impl.startswith(("flashlab:", "triton")) else "--")
                 ax.set(xscale="log", ylim=(0, None), title=f"head dim {d}, "
-                       f"{'causal' if causal else 'non-causal'}", xlabel="seqlen (batch x seqlen = "
-                       "16k tokens)", ylabel="TFLOP/s")
+                       f"{'causal' if causal else 'non-causal'}", xlabel=xlabel, ylabel="TFLOP/s")
                 ax.minorticks_off()
-                ax.set_xticks(seqlens, [f"{s // 1024}k" if s >= 1024 else str(s) for s in seqlens])
+                ax.set_xticks(seqlens, [_k(s) for s in seqlens])
                 ax.grid(alpha=0.3)
         handles = {lab: h for ax in axes.flat for h, lab in zip(*ax.get_legend_handles_labels())}
         fig.legend(list(handles.values()), list(handles.keys()), loc="lower center",
                    ncol=min(len(handles), 5), fontsize=8)
+        shape = f", hidden {hidden.pop()}" if len(hidden) == 1 else ""
         fig.suptitle(f"FlashLab vs peers, {'backward' if backward else 'forward'} "
-                     f"({rs[0].problem.dtype}, hidden 2048)", fontsize=11)
+                     f"({rs[0].problem.dtype}{shape})", fontsize=11)
         fig.tight_layout(rect=(0, 0.09, 1, 1))
-        fig.savefig(os.path.join(folder, f"{name}.png"), dpi=110)
+        os.makedirs(folder, exist_ok=True)
+        said.append(os.path.join(folder, f"{name}.png"))
+        fig.savefig(said[-1], dpi=110)
         plt.close(fig)
-
+    return "plots: " + ("; ".join(said) or "no PNG written (decode rows are not plotted)")

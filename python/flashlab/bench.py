@@ -7,9 +7,11 @@ peers and the tables. GPU: FlashLab kernels, the Triton rung (flashlab.triton_fa
 SDPA's flash and cuDNN backends and FlashAttention-4 (flash_attn.cute) when importable, over
 head dim x seqlen at 16k tokens and hidden 2048, causal and not, forward and backward
 (--decode adds one query token against long keys, judged by the bytes of K and V read).
-CPU (--device cpu): cpu_flash and cpu_reference next to PyTorch's CPU SDPA on one shape.
-Outputs: a markdown table (stdout and OUT/bench.md), OUT/bench.csv, OUT/bench.json and
-OUT/plots/*.png (with matplotlib). Method and commands: docs/BENCHMARK.md.
+CPU (--device cpu): cpu_flash and cpu_reference next to PyTorch's CPU SDPA on one shape, at
+--seqlen or at each of --seqlens. Outputs (flashlab._bench_report): a markdown table (stdout
+and OUT/bench.md), OUT/bench.csv, OUT/bench.json and OUT/plots/*.png (with matplotlib, for a
+pass at two or more seqlens; otherwise one line on stderr says why none was written).
+Method and commands: docs/BENCHMARK.md.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import itertools
 import math
 import os
 import platform
@@ -224,15 +227,15 @@ def problems(args) -> List[object]:
         if args.decode:
             out += native.decode_problems(args.decode_seqlens, args.decode_batch, args.dtype, "cuda")
     else:
-        out = []
-        for causal in args.causal_list:
-            for direction in args.directions:
-                p = native.Problem()
-                p.batch, p.heads_q, p.heads_kv = args.batch, args.heads, args.heads_kv or args.heads
-                p.seqlen_q, p.seqlen_k = args.seqlen, args.seqlen_k or args.seqlen
-                p.head_dim = p.head_dim_v = args.hdim
-                p.dtype, p.device, p.causal, p.backward = args.dtype, "cpu", causal, direction == "bwd"
-                out.append(p)
+        out = []  # the CPU shape, at each of --seqlens (default: --seqlen alone)
+        for seqlen, causal, direction in itertools.product(args.seqlens, args.causal_list,
+                                                           args.directions):
+            p = native.Problem()
+            p.batch, p.heads_q, p.heads_kv = args.batch, args.heads, args.heads_kv or args.heads
+            p.seqlen_q, p.seqlen_k = seqlen, args.seqlen_k or seqlen
+            p.head_dim = p.head_dim_v = args.hdim
+            p.dtype, p.device, p.causal, p.backward = args.dtype, "cpu", causal, direction == "bwd"
+            out.append(p)
     for p in out:
         p.quadratic_workspace_limit = int(args.quadratic_limit * 2**30)
     return out
@@ -359,10 +362,14 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m flashlab.bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="short preset: head dim 64,128,256 x seqlen 1k,4k,16k, decode, fewer runs")
+                   help="short preset, fewer and shorter runs. GPU: head dim 64,128,256 x seqlen "
+                        "1k,4k,16k (or --seqlens), and the decode sweep. CPU: the CPU shape "
+                        "as given (--seqlen or --seqlens), without decode")
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when torch sees one")
     p.add_argument("--hdims", type=_ints, default=[64, 128, 256])
-    p.add_argument("--seqlens", type=_ints, default=[512, 1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--seqlens", type=_ints,
+                   help="GPU: the sweep's seqlens (default 512,1k,2k,4k,8k,16k). CPU: one problem "
+                        "per seqlen on the CPU shape, in place of --seqlen")
     p.add_argument("--causal", choices=("0", "1", "both"), default="both")
     p.add_argument("--direction", choices=("fwd", "bwd", "both"))
     p.add_argument("--decode", action="store_true", help="add the decode sweep (GPU)")
@@ -399,7 +406,7 @@ def parse_args(argv=None):
     g.add_argument("--batch", type=int, default=1)
     g.add_argument("--heads", type=int, default=8)
     g.add_argument("--heads-kv", type=int)
-    g.add_argument("--seqlen", type=int, default=4096)
+    g.add_argument("--seqlen", type=int, help="default 4096")
     g.add_argument("--seqlen-k", type=int)
     g.add_argument("--hdim", type=int, default=128)
     g.add_argument("--threads", type=int, default=0, help="CPU threads (0: all)")
@@ -418,9 +425,13 @@ def parse_args(argv=None):
     args.directions = ["fwd", "bwd"] if args.direction == "both" else [args.direction]
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(8), "little")
+    if args.device == "cpu":
+        if args.seqlens and args.seqlen:
+            p.error("--seqlen and --seqlens: give one (on the CPU, --seqlens takes the place of --seqlen)")
+        args.seqlens = args.seqlens or [args.seqlen or 4096]
+    elif not args.seqlens:
+        args.seqlens = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     if args.quick:
-        if "--seqlens" not in " ".join(argv or sys.argv):
-            args.seqlens = [1024, 4096, 16384]
         args.decode = args.device == "cuda"
         args.iters, args.warmup, args.budget = min(args.iters, 10), min(args.warmup, 2), 1.0
         args.warmup_ms = min(args.warmup_ms, 50.0)

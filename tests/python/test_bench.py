@@ -4,6 +4,11 @@ FLOP formula, the choice of peers, and a whole run. No GPU and no torch needed."
 
 from __future__ import annotations
 
+import json
+import sys
+import types
+from unittest import mock
+
 import numpy as np
 import pytest
 
@@ -147,6 +152,103 @@ def test_a_cpu_run_checks_and_times_every_entry(tmp_path, capsys):
     assert rc == 0
     table = capsys.readouterr().out
     assert "### forward (TFLOP/s)" in table and "### backward (TFLOP/s)" in table
-    recs = __import__("json").loads((tmp_path / "bench.json").read_text())["results"]
+    recs = json.loads((tmp_path / "bench.json").read_text())["results"]
     ours = [r for r in recs if r["impl"].startswith("flashlab:")]
     assert len(ours) == 4 and all(r["status"] == "ok" and r["tflops"] > 0 for r in ours)
+
+
+_TINY = ["--device", "cpu", "--heads", "2", "--hdim", "16", "--causal", "0", "--budget", "0.05",
+         "--warmup-ms", "0", "--threads", "1", "--no-progress"]
+
+
+def test_the_cpu_plan_takes_seqlens():
+    def seqlens(*argv):
+        return [(p.seqlen_q, p.seqlen_k) for p in bench.problems(bench.parse_args(_TINY + list(argv)))]
+
+    assert seqlens() == [(4096, 4096)]
+    assert seqlens("--seqlen", "100") == [(100, 100)]
+    assert seqlens("--seqlens", "32,64") == [(32, 32), (64, 64)]
+    assert seqlens("--seqlens", "1k,2k", "--seqlen-k", "80") == [(1024, 80), (2048, 80)]
+    assert seqlens("--seqlens", "32,64", "--direction", "both", "--causal", "both") == \
+        [(32, 32)] * 4 + [(64, 64)] * 4
+
+
+def test_seqlen_and_seqlens_together_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(_TINY + ["--seqlen", "64", "--seqlens", "32,64"])
+    assert "--seqlen and --seqlens: give one" in capsys.readouterr().err
+
+
+def test_quick_on_the_cpu_keeps_the_cpu_shape_with_fewer_runs():
+    args = bench.parse_args(["--device", "cpu", "--quick"])
+    assert args.seqlens == [4096] and not args.decode
+    assert (args.iters, args.warmup, args.budget) == (10, 2, 1.0)
+    assert bench.parse_args(["--device", "cpu", "--quick", "--seqlens", "64,128"]).seqlens == [64, 128]
+
+
+def test_the_quick_help_says_what_runs_on_each_device(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    quick = text[text.index("--quick short preset"):text.index("--device {cuda,cpu} default")]
+    assert "GPU: head dim 64,128,256 x seqlen 1k,4k,16k" in quick and "decode" in quick
+    assert "CPU: the CPU shape as given (--seqlen or --seqlens)" in quick
+
+
+def test_a_cpu_run_over_seqlens_times_each_one(tmp_path, capsys):
+    with mock.patch.dict(sys.modules, {"matplotlib": None}):  # import matplotlib fails
+        rc = bench.main(_TINY + ["--seqlens", "32,48", "--out", str(tmp_path)])
+    assert rc == 0
+    out, err = capsys.readouterr()
+    assert "| 1x32x2x16 | no |" in out and "| 1x48x2x16 | no |" in out
+    recs = json.loads((tmp_path / "bench.json").read_text())["results"]
+    ours = [(r["impl"], r["seqlen_q"]) for r in recs if r["impl"].startswith("flashlab:")]
+    assert sorted(ours) == [(f"flashlab:{k}", s) for k in ("cpu_flash", "cpu_reference") for s in (32, 48)]
+    assert all(r["status"] == "ok" for r in recs if r["impl"].startswith("flashlab:"))
+    assert err.count("plots: matplotlib is not installed; no PNG written\n") == 1
+
+
+def test_without_matplotlib_a_run_says_no_plot_was_written(capsys):
+    with mock.patch.dict(sys.modules, {"matplotlib": None}):
+        assert bench.main(_TINY + ["--seqlen", "32"]) == 0  # no --out either
+    assert capsys.readouterr().err.count("plots: matplotlib is not installed; no PNG written") == 1
+
+
+def _fake_matplotlib():
+    """matplotlib and its pyplot as mocks: what the plot draws, without drawing it."""
+    plt = mock.MagicMock()
+    ax = mock.MagicMock()
+    ax.get_legend_handles_labels.return_value = ([], [])
+    fig = mock.MagicMock()
+    axes = np.empty((1, 1), dtype=object)  # what subplots(squeeze=False) gives for one panel
+    axes[0, 0] = ax
+    plt.subplots.return_value = (fig, axes)
+    mpl = types.ModuleType("matplotlib")
+    mpl.use, mpl.pyplot = (lambda backend: None), plt
+    return {"matplotlib": mpl, "matplotlib.pyplot": plt}, fig, ax
+
+
+def test_a_plot_is_written_per_pass_with_two_or_more_seqlens(tmp_path, capsys):
+    modules, fig, ax = _fake_matplotlib()
+    with mock.patch.dict(sys.modules, modules):
+        assert bench.main(_TINY + ["--seqlens", "32,48", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert f"plots: {tmp_path / 'plots' / 'fwd.png'}\n" in err
+    fig.savefig.assert_called_once_with(str(tmp_path / "plots" / "fwd.png"), dpi=110)
+    assert {c.kwargs["label"] for c in ax.plot.call_args_list} >= {"cpu_flash", "cpu_reference"}
+    assert ax.set.call_args.kwargs["xlabel"] == "seqlen"  # batch 1: the tokens change with seqlen
+    assert "hidden 32" in fig.suptitle.call_args.args[0]
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--seqlen", "32", "--direction", "both"],
+     "no fwd.png (one seqlen; a plot needs two or more, --seqlens); no bwd.png (one seqlen"),
+    (["--seqlens", "32,48"], "plots: no PNG written (--out or --plots names the folder)"),
+])
+def test_a_run_without_a_plot_says_why(argv, why, tmp_path, capsys):
+    modules, fig, _ = _fake_matplotlib()
+    out = ["--out", str(tmp_path)] if "--seqlen" in argv else []
+    with mock.patch.dict(sys.modules, modules):
+        assert bench.main(_TINY + argv + out) == 0
+    assert why in capsys.readouterr().err
+    fig.savefig.assert_not_called()

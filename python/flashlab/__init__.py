@@ -12,6 +12,7 @@ import sys
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _flashlab
+from ._rotary import apply_rotary_emb
 from ._version import __version__
 from ._options import Array, int32, kernel_for, options, window
 
@@ -26,6 +27,7 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
     "scaled_dot_product_attention",
+    "apply_rotary_emb",
     "attention_backward",
     "kernels",
     "cuda_available",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flashlab._rotary import apply_rotary_emb
+from flashlab import apply_rotary_emb
 
 
 def _angles(rng, seqlen_ro, half):

@@ -172,15 +172,48 @@ struct BackwardArgs : CommonArgs {
   bool deterministic = false;
 };
 
+// Attention against a KV cache, with FlashAttention-2's flash_attn_with_kvcache semantics.
+// Per sequence b, with L_b = cache_seqlens[b] + seqlen_new (seqlen_new = 0 without k_new):
+//   1. with k_new/v_new, rows [cache_seqlens[b], L_b) of sequence b's cache are overwritten
+//      with k_new[b]/v_new[b]; no other cache element changes;
+//   2. q[b] attends to that sequence's cache rows [0, L_b) with the mask options of
+//      CommonArgs, causal bottom-right aligned to L_b (query i sees keys j <= L_b − seqlen_q + i),
+//      GQA as in forward(). A sequence with L_b = 0 gets out rows 0 and LSE −inf.
+// A sequence's cache is k_cache[cache_batch_idx[b]] (contiguous), or with a block table the
+// pages k_cache[block_table[b][j]], page j holding rows [j·page_size, (j + 1)·page_size).
+// Refused: dropout (dropout_p must be 0), varlen cu_seqlens, block_table together with
+// cache_batch_idx, and CUDA tensors (the CPU path composes forward() per sequence; there is
+// no CUDA kernel for this entry point). Rotary embeddings, cache_leftpad and num_splits are
+// not part of this API. Every int32 table lives on the host and is checked before anything
+// is written: cache_seqlens[b] >= 0 and L_b within the sequence's cache (seqlen_cache, or
+// max_pages·page_size), cache_batch_idx in [0, batch_cache), and the block_table entries of
+// the pages rows [0, L_b) use in [0, num_pages). With k_new, k_cache and v_cache are outputs:
+// they must not overlap q, k_new, v_new, out, lse, the tables or each other.
+// The workspace holds a paged sequence's gathered K and V plus the inner forward's own.
+struct KvCacheArgs : CommonArgs {
+  Tensor q;            // [batch, seqlen_q, heads_q, head_dim]
+  Tensor k_cache;      // [batch_cache, seqlen_cache, heads_kv, head_dim]; paged: [num_pages, page_size, heads_kv, head_dim]
+  Tensor v_cache;      // like k_cache with head_dim_v  (written when k_new is given)
+  Tensor maybe_k_new;  // [batch, seqlen_new, heads_kv, head_dim]: appended at cache_seqlens[b]
+  Tensor maybe_v_new;  // [batch, seqlen_new, heads_kv, head_dim_v]; both or neither
+  Tensor maybe_cache_seqlens;    // int32 [batch]: tokens already in each sequence's cache (absent: all seqlen_cache)
+  Tensor maybe_cache_batch_idx;  // int32 [batch]: the k_cache/v_cache row sequence b uses (absent: b)
+  Tensor maybe_block_table;      // int32 [batch, max_pages]: paged cache; page j of sequence b is k_cache[block_table[b][j]]
+  Tensor out;          // [batch, seqlen_q, heads_q, head_dim_v] (written)
+  Tensor maybe_lse;    // fp32 [batch, heads_q, seqlen_q] (written)
+};
+
 // ---------------------------------------------------------------------------------------
 // Entry points
 // ---------------------------------------------------------------------------------------
 Status forward(const ForwardArgs& args) noexcept;
 Status backward(const BackwardArgs& args) noexcept;
+Status forward_kvcache(const KvCacheArgs& args) noexcept;
 
 // Bytes of workspace the kernel that `args` selects needs (workspace fields are ignored).
 Status workspace_size(const ForwardArgs& args, size_t* bytes) noexcept;
 Status workspace_size(const BackwardArgs& args, size_t* bytes) noexcept;
+Status workspace_size(const KvCacheArgs& args, size_t* bytes) noexcept;
 
 // Which kernel "auto" (or the named kernel) would run, or why none can.
 Status select_kernel(const ForwardArgs& args, std::string* name) noexcept;

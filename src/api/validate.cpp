@@ -31,6 +31,8 @@ int hardware_threads() {
   return n;
 }
 
+}  // namespace
+
 // Rank, sizes, strides, element count, pointer and extent of one tensor, with nothing
 // about its neighbours.
 Status check_view(const Tensor& t, const char* name, int rank, const char* layout) {
@@ -72,6 +74,8 @@ Status expect_dim(const Tensor& t, const char* name, int axis, int64_t want, con
                    dims_str(t.shape, t.rank));
   return {};
 }
+
+namespace {
 
 // CUDA kernels load 16 bytes at a time: base pointers and every stride that matters
 // (dimension size > 1) must be multiples of 16 bytes.

@@ -34,6 +34,11 @@ std::string dims_str(const std::array<int64_t, kMaxRank>& v, int rank);
 // except host cu_seqlens (and device ones with check_inputs).
 Status make_params(const ForwardArgs& a, FwdParams* p);
 Status make_params(const BackwardArgs& a, BwdParams* p);
+// The per-tensor rules the entry points share: rank, sizes, strides, pointer and extent of
+// one view; dtype and device equal to q's; one extent equal to `want`.
+Status check_view(const Tensor& t, const char* name, int rank, const char* layout);
+Status check_same_placement(const Tensor& t, const char* name, const Tensor& q);
+Status expect_dim(const Tensor& t, const char* name, int axis, int64_t want, const char* what);
 
 // ---- memory.cpp -------------------------------------------------------------------------
 // The span of a view, 1 + Σ (shape_i − 1)·stride_i elements, must fit int64 in elements

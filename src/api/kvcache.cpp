@@ -1,0 +1,342 @@
+// forward_kvcache: attention against a KV cache (FlashAttention-2's flash_attn_with_kvcache),
+// composed from forward() one sequence at a time on the CPU.
+//
+// Every rule is checked before anything is written: the tensors and the int32 tables
+// (read on the host), then a dry run of each sequence's inner forward() through
+// workspace_size(ForwardArgs), which applies forward()'s own rules (head dims, kernel
+// support, the quadratic workspace limit) to the call that will run. Only then are the new
+// rows appended and the sequences attended to. For sequence b, with L_b rows in its cache:
+//   - contiguous cache: the inner K/V are strided views of k_cache[cache_batch_idx[b]] and
+//     v_cache[...] cut to L_b rows (no copy);
+//   - paged cache: the L_b rows are gathered from their pages into the workspace as
+//     contiguous [1, L_b, heads_kv, head_dim] and [1, L_b, heads_kv, head_dim_v].
+// Workspace layout: gathered K, gathered V (each sized for the longest sequence, starting on
+// 256-byte boundaries), then the inner forward's workspace, sized by the largest of the
+// sequences' workspace_size(ForwardArgs).
+#include <algorithm>
+#include <cstring>
+
+#include "api/validate.h"
+
+namespace flashlab {
+namespace {
+
+using api::check_same_placement;
+using api::check_view;
+using api::checked_mul;
+using api::expect_dim;
+using api::invalid;
+using std::to_string;
+
+// What validation reads off the arguments, and where the workspace's parts start.
+struct Plan {
+  bool paged = false, append = false;
+  int64_t batch = 0, seqlen_q = 0, heads_q = 0, heads_kv = 0, head_dim = 0, head_dim_v = 0;
+  int64_t seqlen_new = 0;
+  int64_t cache_rows = 0;  // batch_cache, or num_pages
+  int64_t capacity = 0;    // rows a sequence's cache holds: seqlen_cache, or max_pages·page_size
+  int64_t page_size = 0;
+  int64_t max_len = 0;     // the largest L_b
+  int64_t elem = 0;        // bytes per element of q, the caches and the new rows
+  size_t v_offset = 0, inner_offset = 0;  // workspace: gathered V, then the inner forward's
+};
+
+int32_t at(const Tensor& t, int64_t i) { return static_cast<const int32_t*>(t.data)[i * t.stride[0]]; }
+int32_t at(const Tensor& t, int64_t i, int64_t j) {
+  return static_cast<const int32_t*>(t.data)[i * t.stride[0] + j * t.stride[1]];
+}
+
+// Tokens already in sequence b's cache (cache_seqlens[b], or the whole cache without them).
+int64_t cached(const KvCacheArgs& a, const Plan& p, int64_t b) {
+  return a.maybe_cache_seqlens.present() ? at(a.maybe_cache_seqlens, b) : p.capacity;
+}
+
+// Byte address of element [i0, i1, 0, ...] of a view.
+char* at_bytes(const Tensor& t, int64_t i0, int64_t i1, int64_t elem) {
+  return static_cast<char*>(t.data) + (i0 * t.stride[0] + i1 * t.stride[1]) * elem;
+}
+
+// Row `pos` of sequence b's cache in k_cache or v_cache (laid out alike).
+char* cache_row(const KvCacheArgs& a, const Plan& p, const Tensor& cache, int64_t b, int64_t pos) {
+  if (p.paged) return at_bytes(cache, at(a.maybe_block_table, b, pos / p.page_size), pos % p.page_size, p.elem);
+  const int64_t r = a.maybe_cache_batch_idx.present() ? at(a.maybe_cache_batch_idx, b) : b;
+  return at_bytes(cache, r, pos, p.elem);
+}
+
+// One row of heads_kv heads of `dim` elements, head strides in elements.
+void copy_row(char* dst, int64_t dst_head, const char* src, int64_t src_head, const Plan& p, int64_t dim) {
+  for (int64_t h = 0; h < p.heads_kv; ++h)
+    std::memcpy(dst + h * dst_head * p.elem, src + h * src_head * p.elem, size_t(dim * p.elem));
+}
+
+// The view [1, ...] of index i along the first axis of a view.
+Tensor slice(const Tensor& t, int64_t i, int64_t elem) {
+  Tensor s = t;
+  s.data = static_cast<char*>(t.data) + i * t.stride[0] * elem;
+  s.shape[0] = 1;
+  return s;
+}
+
+Status check_table(const Tensor& t, const char* name, int rank, const char* layout, const Tensor& q,
+                   int64_t batch) {
+  FL_CHECK(check_view(t, name, rank, layout));
+  if (t.dtype != DType::kI32)
+    return invalid(std::string(name) + ".dtype must be int32, got " + to_string(t.dtype));
+  if (t.device != q.device || t.device_index != q.device_index)
+    return invalid(std::string(name) + " must be on the device of q (" + to_string(q.device) + ")");
+  return expect_dim(t, name, 0, batch, "batch");
+}
+
+// Each tensor alone, then how they agree: shapes, dtypes, devices, the tables' shapes.
+Status check_tensors(const KvCacheArgs& a, Plan* p) {
+  if (a.maybe_cu_seqlens_q.present() || a.maybe_cu_seqlens_k.present())
+    return invalid("cu_seqlens_q and cu_seqlens_k must be absent: forward_kvcache takes a padded q "
+                   "[batch, seqlen_q, heads_q, head_dim] and no varlen sequences");
+  if (a.dropout_p != 0.f)
+    return invalid("dropout_p must be 0 for forward_kvcache (no dropout at inference), got " +
+                   to_string(a.dropout_p));
+  p->paged = a.maybe_block_table.present();
+  p->append = a.maybe_k_new.present();
+  FL_CHECK(check_view(a.q, "q", 4, "[batch, seqlen_q, heads_q, head_dim]"));
+  FL_CHECK(check_view(a.k_cache, "k_cache", 4,
+                      p->paged ? "[num_pages, page_size, heads_kv, head_dim]"
+                               : "[batch_cache, seqlen_cache, heads_kv, head_dim]"));
+  FL_CHECK(check_view(a.v_cache, "v_cache", 4,
+                      p->paged ? "[num_pages, page_size, heads_kv, head_dim_v]"
+                               : "[batch_cache, seqlen_cache, heads_kv, head_dim_v]"));
+  FL_CHECK(check_view(a.out, "out", 4, "[batch, seqlen_q, heads_q, head_dim_v]"));
+  switch (a.q.dtype) {
+    case DType::kF32: case DType::kF16: case DType::kBF16: case DType::kF64: break;
+    default:
+      return invalid(std::string("q.dtype must be fp16, bf16, fp32 or fp64, got ") + to_string(a.q.dtype));
+  }
+  FL_CHECK(check_same_placement(a.k_cache, "k_cache", a.q));
+  FL_CHECK(check_same_placement(a.v_cache, "v_cache", a.q));
+  FL_CHECK(check_same_placement(a.out, "out", a.q));
+  if (p->append != a.maybe_v_new.present())
+    return invalid("k_new and v_new must both be given (append) or both be absent");
+  if (p->append) {
+    FL_CHECK(check_view(a.maybe_k_new, "k_new", 4, "[batch, seqlen_new, heads_kv, head_dim]"));
+    FL_CHECK(check_view(a.maybe_v_new, "v_new", 4, "[batch, seqlen_new, heads_kv, head_dim_v]"));
+    FL_CHECK(check_same_placement(a.maybe_k_new, "k_new", a.q));
+    FL_CHECK(check_same_placement(a.maybe_v_new, "v_new", a.q));
+  }
+  if (a.q.device == Device::kCUDA)
+    return {StatusCode::kUnsupported, "forward_kvcache: no CUDA kernel yet; CPU tensors only"};
+
+  p->elem = int64_t(dtype_size(a.q.dtype));
+  p->batch = a.q.shape[0];
+  p->seqlen_q = a.q.shape[1];
+  p->heads_q = a.q.shape[2];
+  p->head_dim = a.q.shape[3];
+  p->heads_kv = a.k_cache.shape[2];
+  p->head_dim_v = a.v_cache.shape[3];
+  FL_CHECK(expect_dim(a.k_cache, "k_cache", 3, p->head_dim, "head_dim"));
+  const char* cache_dims[] = {p->paged ? "num_pages" : "batch_cache", p->paged ? "page_size" : "seqlen_cache",
+                              "heads_kv"};
+  for (int i = 0; i < 3; ++i) FL_CHECK(expect_dim(a.v_cache, "v_cache", i, a.k_cache.shape[i], cache_dims[i]));
+  FL_CHECK(expect_dim(a.out, "out", 0, p->batch, "batch"));
+  FL_CHECK(expect_dim(a.out, "out", 1, p->seqlen_q, "seqlen_q"));
+  FL_CHECK(expect_dim(a.out, "out", 2, p->heads_q, "heads_q"));
+  FL_CHECK(expect_dim(a.out, "out", 3, p->head_dim_v, "head_dim_v"));
+  if (p->heads_kv < 1) return invalid("heads_kv (k_cache.shape[2]) must be >= 1");
+  if (p->heads_q % p->heads_kv != 0)
+    return invalid("heads_q (" + to_string(p->heads_q) + ") must be a multiple of heads_kv (" +
+                   to_string(p->heads_kv) + ") for GQA/MQA");
+  if (p->append) {
+    p->seqlen_new = a.maybe_k_new.shape[1];
+    const Tensor& kn = a.maybe_k_new;
+    const Tensor& vn = a.maybe_v_new;
+    FL_CHECK(expect_dim(kn, "k_new", 0, p->batch, "batch"));
+    FL_CHECK(expect_dim(kn, "k_new", 2, p->heads_kv, "heads_kv"));
+    FL_CHECK(expect_dim(kn, "k_new", 3, p->head_dim, "head_dim"));
+    FL_CHECK(expect_dim(vn, "v_new", 0, p->batch, "batch"));
+    FL_CHECK(expect_dim(vn, "v_new", 1, p->seqlen_new, "seqlen_new"));
+    FL_CHECK(expect_dim(vn, "v_new", 2, p->heads_kv, "heads_kv"));
+    FL_CHECK(expect_dim(vn, "v_new", 3, p->head_dim_v, "head_dim_v"));
+  }
+  if (a.maybe_lse.present()) {
+    FL_CHECK(check_view(a.maybe_lse, "lse", 3, "[batch, heads_q, seqlen_q]"));
+    FL_CHECK(expect_dim(a.maybe_lse, "lse", 0, p->batch, "batch"));
+    FL_CHECK(expect_dim(a.maybe_lse, "lse", 1, p->heads_q, "heads_q"));
+    FL_CHECK(expect_dim(a.maybe_lse, "lse", 2, p->seqlen_q, "seqlen_q"));
+    if (a.maybe_lse.dtype != DType::kF32)
+      return invalid(std::string("lse.dtype must be fp32, got ") + to_string(a.maybe_lse.dtype));
+    if (a.maybe_lse.device != a.q.device || a.maybe_lse.device_index != a.q.device_index)
+      return invalid("lse must be on the device of q (" + std::string(to_string(a.q.device)) + ")");
+  }
+
+  p->cache_rows = a.k_cache.shape[0];
+  if (p->paged) {
+    if (a.maybe_cache_batch_idx.present())
+      return invalid("cache_batch_idx and block_table must not be given together: a paged cache's "
+                     "pages are chosen by block_table alone");
+    FL_CHECK(check_table(a.maybe_block_table, "block_table", 2, "[batch, max_pages]", a.q, p->batch));
+    p->page_size = a.k_cache.shape[1];
+    p->capacity = p->page_size * a.maybe_block_table.shape[1];  // both < 2^31
+  } else {
+    p->capacity = a.k_cache.shape[1];
+    if (a.maybe_cache_batch_idx.present())
+      FL_CHECK(check_table(a.maybe_cache_batch_idx, "cache_batch_idx", 1, "[batch]", a.q, p->batch));
+    else
+      FL_CHECK(expect_dim(a.k_cache, "k_cache", 0, p->batch, "batch_cache, which is batch without cache_batch_idx"));
+  }
+  if (a.maybe_cache_seqlens.present())
+    FL_CHECK(check_table(a.maybe_cache_seqlens, "cache_seqlens", 1, "[batch]", a.q, p->batch));
+  return {};
+}
+
+// Memory: with k_new the caches are written, so they join out and lse as outputs.
+Status check_memory(const KvCacheArgs& a, const Plan& p) {
+  const api::NamedView k_cache{&a.k_cache, "k_cache"}, v_cache{&a.v_cache, "v_cache"};
+  const api::NamedView outputs[] = {{&a.out, "out"}, {&a.maybe_lse, "lse"}, k_cache, v_cache};
+  const api::NamedView inputs[] = {{&a.q, "q"}, {&a.maybe_k_new, "k_new"}, {&a.maybe_v_new, "v_new"},
+                                   {&a.maybe_cache_seqlens, "cache_seqlens"},
+                                   {&a.maybe_cache_batch_idx, "cache_batch_idx"},
+                                   {&a.maybe_block_table, "block_table"}, k_cache, v_cache};
+  return p.append ? api::check_outputs_disjoint(outputs, std::span(inputs, 6))
+                  : api::check_outputs_disjoint(std::span(outputs, 2), inputs);
+}
+
+// "name[i]", for messages.
+std::string element(const char* name, int64_t i) {
+  return std::string(name).append("[").append(to_string(i)).append("]");
+}
+
+// The tables' contents, read on the host; sets max_len.
+Status check_tables(const KvCacheArgs& a, Plan* p) {
+  for (int64_t b = 0; b < p->batch; ++b) {
+    const int64_t c = cached(a, *p, b), len = c + p->seqlen_new;
+    if (c < 0) return invalid(element("cache_seqlens", b) + " must be >= 0, got " + to_string(c));
+    if (len > p->capacity)
+      return invalid(element("cache_seqlens", b) + " + seqlen_new = " + to_string(c) + " + " +
+                     to_string(p->seqlen_new) + " exceeds the " + to_string(p->capacity) +
+                     " rows of the sequence's cache (" +
+                     (p->paged ? "max_pages·page_size" : "seqlen_cache") + ")");
+    if (a.maybe_cache_batch_idx.present()) {
+      const int64_t r = at(a.maybe_cache_batch_idx, b);
+      if (r < 0 || r >= p->cache_rows)
+        return invalid(element("cache_batch_idx", b) + " = " + to_string(r) + " must be in [0, batch_cache = " +
+                       to_string(p->cache_rows) + ")");
+    }
+    const int64_t pages = p->paged && len > 0 ? (len + p->page_size - 1) / p->page_size : 0;
+    for (int64_t j = 0; j < pages; ++j) {
+      const int64_t e = at(a.maybe_block_table, b, j);
+      if (e < 0 || e >= p->cache_rows)
+        return invalid(element("block_table", b) + "[" + to_string(j) + "] = " + to_string(e) +
+                       " must be in [0, num_pages = " + to_string(p->cache_rows) +
+                       "): the sequence's rows [0, " + to_string(len) + ") use that page");
+    }
+    p->max_len = std::max(p->max_len, len);
+  }
+  return {};
+}
+
+size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
+
+// Sequence b's inner forward over its first `len` cache rows; a paged sequence's rows are
+// read from `gathered` (the workspace, where they are gathered before the call).
+ForwardArgs inner(const KvCacheArgs& a, const Plan& p, int64_t b, int64_t len, void* gathered) {
+  ForwardArgs f;
+  static_cast<CommonArgs&>(f) = a;
+  f.q = slice(a.q, b, p.elem);
+  f.out = slice(a.out, b, p.elem);
+  if (a.maybe_lse.present()) f.maybe_lse = slice(a.maybe_lse, b, 4);
+  if (p.paged) {
+    char* g = static_cast<char*>(gathered);
+    f.k = Tensor::contiguous(g, a.q.dtype, {1, len, p.heads_kv, p.head_dim});
+    f.v = Tensor::contiguous(g + p.v_offset, a.q.dtype, {1, len, p.heads_kv, p.head_dim_v});
+  } else {
+    const int64_t r = a.maybe_cache_batch_idx.present() ? at(a.maybe_cache_batch_idx, b) : b;
+    f.k = slice(a.k_cache, r, p.elem);
+    f.v = slice(a.v_cache, r, p.elem);
+    f.k.shape[1] = f.v.shape[1] = len;
+  }
+  const bool fits = a.workspace != nullptr && a.workspace_bytes >= p.inner_offset;
+  f.workspace = fits ? static_cast<char*>(a.workspace) + p.inner_offset : nullptr;
+  f.workspace_bytes = fits ? a.workspace_bytes - p.inner_offset : 0;
+  return f;
+}
+
+// An address no host tensor occupies (the upper half of the address space belongs to the
+// operating system on every 64-bit platform), for the dry runs of paged sequences before
+// any workspace is known: their gathered views then cannot meet the caller's tensors.
+void* const kNowhere = reinterpret_cast<void*>(uintptr_t(1) << 63);
+
+// Validates everything and sizes the workspace: the gathered rows plus the largest inner
+// forward's need, each sequence's inner call checked by forward()'s own rules.
+Status plan(const KvCacheArgs& a, Plan* p, size_t* need) {
+  FL_CHECK(check_tensors(a, p));
+  FL_CHECK(check_memory(a, *p));
+  FL_CHECK(check_tables(a, p));
+  int64_t rows = 0, kbytes = 0, vbytes = 0;
+  if (p->paged && !(checked_mul(p->max_len, p->heads_kv * p->elem, &rows) &&
+                    checked_mul(rows, p->head_dim, &kbytes) && checked_mul(rows, p->head_dim_v, &vbytes) &&
+                    kbytes < (int64_t(1) << 61) && vbytes < (int64_t(1) << 61)))
+    return invalid("the gathered paged cache of the longest sequence (" + to_string(p->max_len) +
+                   " rows) exceeds 2^61 bytes");
+  p->v_offset = round_up(size_t(kbytes));
+  p->inner_offset = p->paged ? round_up(p->v_offset + size_t(vbytes)) : 0;
+  size_t inner_max = 0;
+  for (int64_t b = 0; b < p->batch; ++b) {
+    size_t w = 0;
+    FL_CHECK(workspace_size(inner(a, *p, b, cached(a, *p, b) + p->seqlen_new, kNowhere), &w));
+    inner_max = std::max(inner_max, w);
+  }
+  *need = p->inner_offset + inner_max;
+  return {};
+}
+
+void append(const KvCacheArgs& a, const Plan& p, int64_t b, int64_t from) {
+  const Tensor &kn = a.maybe_k_new, &vn = a.maybe_v_new;
+  for (int64_t t = 0; t < p.seqlen_new; ++t) {
+    copy_row(cache_row(a, p, a.k_cache, b, from + t), a.k_cache.stride[2], at_bytes(kn, b, t, p.elem),
+             kn.stride[2], p, p.head_dim);
+    copy_row(cache_row(a, p, a.v_cache, b, from + t), a.v_cache.stride[2], at_bytes(vn, b, t, p.elem),
+             vn.stride[2], p, p.head_dim_v);
+  }
+}
+
+void gather(const KvCacheArgs& a, const Plan& p, int64_t b, int64_t len) {
+  char* gk = static_cast<char*>(a.workspace);
+  char* gv = gk + p.v_offset;
+  const int64_t krow = p.heads_kv * p.head_dim * p.elem, vrow = p.heads_kv * p.head_dim_v * p.elem;
+  for (int64_t pos = 0; pos < len; ++pos) {
+    copy_row(gk + pos * krow, p.head_dim, cache_row(a, p, a.k_cache, b, pos), a.k_cache.stride[2], p,
+             p.head_dim);
+    copy_row(gv + pos * vrow, p.head_dim_v, cache_row(a, p, a.v_cache, b, pos), a.v_cache.stride[2], p,
+             p.head_dim_v);
+  }
+}
+
+}  // namespace
+
+Status forward_kvcache(const KvCacheArgs& a) noexcept {
+  Plan p;
+  size_t need = 0;
+  FL_CHECK(plan(a, &p, &need));
+  if (a.workspace_bytes < need)
+    return {StatusCode::kWorkspaceTooSmall, "workspace_bytes (" + to_string(a.workspace_bytes) +
+                                                ") is smaller than workspace_size() = " + to_string(need) +
+                                                " for forward_kvcache"};
+  if (need > 0 && a.workspace == nullptr)
+    return invalid("workspace is null but forward_kvcache needs " + to_string(need) + " bytes");
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t from = cached(a, p, b), len = from + p.seqlen_new;
+    if (p.append) append(a, p, b, from);
+    if (p.paged) gather(a, p, b, len);
+    FL_CHECK(forward(inner(a, p, b, len, a.workspace)));
+  }
+  return {};
+}
+
+Status workspace_size(const KvCacheArgs& a, size_t* bytes) noexcept {
+  if (!bytes) return invalid("bytes (the output pointer of workspace_size) is null");
+  Plan p;
+  size_t need = 0;
+  FL_CHECK(plan(a, &p, &need));
+  *bytes = need;
+  return {};
+}
+
+}  // namespace flashlab

@@ -321,6 +321,20 @@ Status forward_kvcache(const KvCacheArgs& a) noexcept {
                                                 " for forward_kvcache"};
   if (need > 0 && a.workspace == nullptr)
     return invalid("workspace is null but forward_kvcache needs " + to_string(need) + " bytes");
+  // A paged sequence's rows are gathered into the workspace before its forward(): the
+  // workspace must not share a byte with any tensor of the call, or that forward() would
+  // refuse the overlap only after earlier sequences' rows had been appended.
+  if (p.paged) {
+    const Tensor gathered = Tensor::contiguous(a.workspace, DType::kF32, {int64_t(p.inner_offset / 4)});
+    const api::NamedView ws[] = {{&gathered, "workspace"}};
+    const api::NamedView tensors[] = {{&a.q, "q"}, {&a.out, "out"}, {&a.maybe_lse, "lse"},
+                                      {&a.k_cache, "k_cache"}, {&a.v_cache, "v_cache"},
+                                      {&a.maybe_k_new, "k_new"}, {&a.maybe_v_new, "v_new"},
+                                      {&a.maybe_cache_seqlens, "cache_seqlens"},
+                                      {&a.maybe_cache_batch_idx, "cache_batch_idx"},
+                                      {&a.maybe_block_table, "block_table"}};
+    FL_CHECK(api::check_outputs_disjoint(ws, tensors));
+  }
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t from = cached(a, p, b), len = from + p.seqlen_new;
     if (p.append) append(a, p, b, from);

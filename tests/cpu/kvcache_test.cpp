@@ -370,6 +370,18 @@ TEST_F(KvCacheValidationTest, WrittenCachesOwnTheirMemory) {
   EXPECT_OK(forward_kvcache(a));
 }
 
+// The gathered pages live in the workspace: a workspace that shares memory with a tensor of
+// the call is refused before any row is appended.
+TEST_F(KvCacheValidationTest, PagedWorkspaceOwnsItsMemory) {
+  KvCall k = call(paged);
+  KvCacheArgs a = valid(k);
+  const HostTensor kc = k.k_cache, vc = k.v_cache;
+  a.out.data = k.workspace.data();  // out inside the workspace (the buffer holds both)
+  EXPECT_TRUE(status_is(forward_kvcache(a), StatusCode::kInvalidArgument, {"workspace overlaps out"}));
+  EXPECT_TRUE(k.k_cache.storage() == kc.storage() && k.v_cache.storage() == vc.storage())
+      << "a refused call wrote the cache";
+}
+
 TEST_F(KvCacheValidationTest, CudaTensorsAreRefused) {
   KvCall k = call(contiguous);
   KvCacheArgs a = valid(k);

@@ -1,8 +1,9 @@
 // The API's allocation promise, measured: after one warm-up call (which starts OpenMP's
-// thread pool), a successful forward, backward, workspace_size or select_kernel on CPU
-// tensors makes no call to the global operator new. This file replaces operator new for
-// the whole test binary with a counting one (malloc underneath); error paths do allocate
-// (their message string), which the last test uses to show that the counter counts.
+// thread pool), a successful forward, backward, forward_kvcache, workspace_size or
+// select_kernel on CPU tensors makes no call to the global operator new. This file replaces
+// operator new for the whole test binary with a counting one (malloc underneath); error
+// paths do allocate (their message string), which the last test uses to show that the
+// counter counts.
 #include <atomic>
 #include <cstdlib>
 #include <new>
@@ -83,6 +84,36 @@ TEST_F(AllocationTest, SuccessfulCallsDoNotAllocate) {
     EXPECT_EQ(news_of([&] { sw = workspace_size(b, &bytes); }), 0);
     EXPECT_EQ(news_of([&] { sk = select_kernel(f, &name); }), 0);
     for (const Status& s : {sf, sb, sv, sw, sk}) EXPECT_OK(s);
+  }
+}
+
+// forward_kvcache composes forward() per sequence, with and without new rows: its success
+// path allocates nothing either (a contiguous cache: the fixture's k and v, one row of each
+// sequence's cache overwritten by the new one).
+TEST_F(AllocationTest, KvCacheDoesNotAllocate) {
+  HostTensor k_new(DType::kF32, {B, 1, Hkv, D}), v_new(DType::kF32, {B, 1, Hkv, D});
+  std::mt19937_64 rng = rng_for("AllocationTest.KvCache");
+  k_new.fill_random(rng);
+  v_new.fill_random(rng);
+  HostTensor lens(DType::kI32, {B});
+  for (int b = 0; b < B; ++b) lens.set(b, Sk - 1);
+  for (std::string_view kernel : {std::string_view("cpu_reference"), std::string_view("cpu_flash")}) {
+    SCOPED_TRACE(std::string(kernel));
+    const ForwardArgs f = fwd();
+    KvCacheArgs a;
+    static_cast<CommonArgs&>(a) = static_cast<const CommonArgs&>(f);
+    a.kernel = kernel;
+    a.num_threads = 2;
+    a.q = f.q, a.k_cache = f.k, a.v_cache = f.v, a.out = f.out, a.maybe_lse = f.maybe_lse;
+    size_t bytes = 0;
+    ASSERT_OK(workspace_size(a, &bytes));
+    ASSERT_LE(bytes, a.workspace_bytes);
+    Status plain, appended;
+    EXPECT_EQ(news_of([&] { plain = forward_kvcache(a); }), 0);
+    a.maybe_k_new = k_new.view(), a.maybe_v_new = v_new.view(), a.maybe_cache_seqlens = lens.view();
+    EXPECT_EQ(news_of([&] { appended = forward_kvcache(a); }), 0);
+    EXPECT_OK(plain);
+    EXPECT_OK(appended);
   }
 }
 

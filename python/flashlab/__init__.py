@@ -26,6 +26,7 @@ __all__ = [
     "flash_attn_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
+    "flash_attn_with_kvcache",
     "scaled_dot_product_attention",
     "apply_rotary_emb",
     "attention_backward",
@@ -280,3 +281,5 @@ from ._variants import (  # noqa: E402
 )
 
 _attention = with_layout_hint(_attention)
+
+from ._kvcache import flash_attn_with_kvcache  # noqa: E402

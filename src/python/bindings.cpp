@@ -19,6 +19,7 @@ namespace nb = nanobind;
 using flashlab::BackwardArgs;
 using flashlab::CommonArgs;
 using flashlab::ForwardArgs;
+using flashlab::KvCacheArgs;
 using flashlab::Status;
 using flashlab::StatusCode;
 using flashlab::Tensor;
@@ -64,9 +65,11 @@ std::string dlpack_dtype_name(const nb::dlpack::dtype& t) {
 namespace {
 
 // What an argument takes, in the words of the library's own dtype messages
-// (src/api/validate.cpp): cu_seqlens int32, lse fp32, every other tensor a float dtype.
+// (src/api/validate.cpp): cu_seqlens and the KV cache's tables int32, lse fp32, every other
+// tensor a float dtype.
 const char* dtypes_taken(const std::string& name) {
-  if (name.rfind("cu_seqlens", 0) == 0) return "int32";
+  if (name.rfind("cu_seqlens", 0) == 0 || name.rfind("cache_", 0) == 0 || name == "block_table")
+    return "int32";
   if (name == "lse") return "fp32";
   return "fp16, bf16, fp32 or fp64";
 }
@@ -247,6 +250,28 @@ size_t backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::ha
   return size_or_run(a, size_only, flashlab::backward);
 }
 
+// forward_kvcache (FlashAttention-2's flash_attn_with_kvcache): k_cache and v_cache are
+// written in place when k_new and v_new are given. `size_only`: return the workspace bytes.
+size_t forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k_new,
+                       nb::handle v_new, nb::handle cache_seqlens, nb::handle cache_batch_idx,
+                       nb::handle block_table, nb::handle out, nb::handle lse, const Options& o,
+                       bool size_only) {
+  Keep keep;
+  KvCacheArgs a;
+  fill_common(o, &a, &keep);
+  a.q = view(q, "q", &keep);
+  a.k_cache = view(k_cache, "k_cache", &keep);
+  a.v_cache = view(v_cache, "v_cache", &keep);
+  a.maybe_k_new = view(k_new, "k_new", &keep);
+  a.maybe_v_new = view(v_new, "v_new", &keep);
+  a.maybe_cache_seqlens = view(cache_seqlens, "cache_seqlens", &keep);
+  a.maybe_cache_batch_idx = view(cache_batch_idx, "cache_batch_idx", &keep);
+  a.maybe_block_table = view(block_table, "block_table", &keep);
+  a.out = view(out, "out", &keep);
+  a.maybe_lse = view(lse, "lse", &keep);
+  return size_or_run(a, size_only, flashlab::forward_kvcache);
+}
+
 }  // namespace
 
 void bind_bench(nb::module_& m);  // src/python/bench_bindings.cpp
@@ -279,6 +304,10 @@ NB_MODULE(_flashlab, m) {
   m.def("backward", &backward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("dout"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
         nb::arg("deterministic"), nb::arg("options"), nb::arg("size_only") = false);
+  m.def("forward_kvcache", &forward_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"),
+        nb::arg("k_new").none(), nb::arg("v_new").none(), nb::arg("cache_seqlens").none(),
+        nb::arg("cache_batch_idx").none(), nb::arg("block_table").none(), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("options"), nb::arg("size_only") = false);
   m.def("kernels", [] {
     nb::list out;
     for (const flashlab::KernelInfo& k : flashlab::kernels()) {

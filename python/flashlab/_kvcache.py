@@ -1,0 +1,152 @@
+"""FlashAttention-2's flash_attn_with_kvcache on the C++ forward_kvcache (CPU tensors).
+
+Inference only: no autograd (FlashAttention-2's function has none either). The new rows
+k/v are appended into k_cache/v_cache in place, then q attends to each sequence's cache
+rows [0, cache_seqlens[b] + seqlen_new); docs/DESIGN.md "KV cache" has the semantics.
+Rotary embeddings are applied here, on copies of q and k, with apply_rotary_emb.
+
+Imported at the end of flashlab/__init__.py, after the helpers it uses are defined.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+from . import _check_arrays, _flashlab
+from ._options import Array, int32, kernel_for, options, window
+from ._rotary import apply_rotary_emb
+
+_OPTIONAL = ("k", "v", "rotary_cos", "rotary_sin", "cache_seqlens", "cache_batch_idx",
+             "block_table")
+
+
+def _refuse_unsupported(cache_leftpad: Any, alibi_slopes: Any, num_splits: Any) -> None:
+    if cache_leftpad is not None:
+        raise ValueError("cache_leftpad: left-padded KV caches are not supported yet")
+    if alibi_slopes is not None:
+        raise ValueError("alibi_slopes: ALiBi is not supported yet")
+    if int(num_splits) != 0:
+        raise ValueError(f"num_splits: split-KV scheduling is not supported yet (pass 0), got "
+                         f"{num_splits}")
+
+
+def _seqlens_array(cache_seqlens: Union[int, Array, None], batch: int, torch_: bool) -> Any:
+    """An int cache_seqlens as int32 [batch] in q's array library; arrays pass unchanged."""
+    if cache_seqlens is None or hasattr(cache_seqlens, "__dlpack__"):
+        return cache_seqlens
+    n = int32("cache_seqlens", cache_seqlens)
+    if torch_:
+        import torch
+
+        return torch.full((batch,), n, dtype=torch.int32)
+    import numpy as np
+
+    return np.full((batch,), n, dtype=np.int32)
+
+
+def _rotate(q: Array, k: Array, cos: Array, sin: Array, offsets: Any, interleaved: bool,
+            per_query: bool):
+    """(q, k) rotated: k at offsets[b] + t; q at offsets[b] + i when `per_query` (causal or
+    local), else every query of sequence b at offsets[b]."""
+    k = apply_rotary_emb(k, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
+    if per_query:
+        return apply_rotary_emb(q, cos, sin, interleaved=interleaved, seqlen_offsets=offsets), k
+    b, sq, hq, d = q.shape
+    flat = q.reshape(b, 1, sq * hq, d)  # one position per sequence, shared by all its queries
+    q = apply_rotary_emb(flat, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
+    return q.reshape(b, sq, hq, d), k
+
+
+def _empty(shape: tuple, like: Array, dtype: Any, torch_: bool) -> Array:
+    if torch_:
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype,
+                           device=like.device)
+    import numpy as np
+
+    return np.empty(shape, dtype=dtype)
+
+
+def flash_attn_with_kvcache(
+    q: Array,
+    k_cache: Array,
+    v_cache: Array,
+    k: Optional[Array] = None,
+    v: Optional[Array] = None,
+    rotary_cos: Optional[Array] = None,
+    rotary_sin: Optional[Array] = None,
+    cache_seqlens: Union[int, Array, None] = None,
+    cache_batch_idx: Optional[Array] = None,
+    cache_leftpad: Optional[Array] = None,
+    block_table: Optional[Array] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: Optional[Array] = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+    *,
+    kernel: str = "auto",
+) -> Any:
+    """FlashAttention-2's flash_attn_with_kvcache for NumPy arrays and torch CPU tensors.
+
+    q [B, Sq, Hq, D]; k_cache/v_cache [B_cache, S_cache, Hkv, D / Dv], or paged
+    [num_pages, page_size, Hkv, D / Dv] with block_table int32 [B, max_pages]; k/v
+    [B, S_new, Hkv, D / Dv] (both or neither) are written into the caches in place at rows
+    cache_seqlens[b] .. cache_seqlens[b] + S_new. cache_seqlens is int32 [B] or an int
+    (absent: every cache is full); cache_batch_idx int32 [B] picks each sequence's cache row.
+    Sequence b attends to its cache rows [0, cache_seqlens[b] + S_new) with causal aligned
+    to the cache's end (bottom-right); windows, softcap and GQA as in flash_attn_func.
+
+    Rotary (rotary_cos/rotary_sin [seqlen_rotary, rotary_dim / 2], needs k and v): k is
+    rotated at positions cache_seqlens[b] + t before it is written into the cache; q at
+    cache_seqlens[b] + i when causal or local (window_size != (-1, -1)), else every query
+    of sequence b at position cache_seqlens[b]. rotary_interleaved picks the (2i, 2i + 1)
+    pairs, else the halves. The caller's q and k are not modified.
+
+    Returns out [B, Sq, Hq, Dv]; with return_softmax_lse, (out, softmax_lse fp32
+    [B, Hq, Sq]). Inference only: torch tensors are detached, nothing is differentiable.
+    cache_leftpad, alibi_slopes and num_splits != 0 raise ValueError (not supported yet).
+    """
+    _refuse_unsupported(cache_leftpad, alibi_slopes, num_splits)
+    win = window(window_size)
+    torch_ = _check_arrays(_OPTIONAL, q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v,
+                           rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                           cache_seqlens=cache_seqlens if hasattr(cache_seqlens, "__dlpack__")
+                           else None, cache_batch_idx=cache_batch_idx, block_table=block_table)
+    if torch_:  # inference only: plain views of the same memory, so the cache writes land
+        q, k_cache, v_cache, k, v = (None if x is None else x.detach()
+                                     for x in (q, k_cache, v_cache, k, v))
+    if len(q.shape) != 4:
+        raise ValueError(f"q must be [batch, seqlen_q, heads_q, head_dim], got shape "
+                         f"{tuple(q.shape)}")
+    if len(v_cache.shape) != 4:
+        raise ValueError(f"v_cache must be [batch_cache, seqlen_cache, heads_kv, head_dim_v] "
+                         f"(paged: [num_pages, page_size, ...]), got shape {tuple(v_cache.shape)}")
+    batch, seqlen_q, heads_q = q.shape[:3]
+    cache_seqlens = _seqlens_array(cache_seqlens, batch, torch_)
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin must both be given or both be None")
+    if rotary_cos is not None:
+        if k is None or v is None:
+            raise ValueError("rotary_cos/rotary_sin: the new k and v to append must be given "
+                             "too (the rotation is applied to the appended keys)")
+        if cache_seqlens is None:
+            raise ValueError("rotary_cos/rotary_sin need cache_seqlens (the first position of "
+                             "each sequence's new rows)")
+        offsets = cache_seqlens.long() if torch_ else cache_seqlens.astype("int64")
+        q, k = _rotate(q, k, rotary_cos, rotary_sin, offsets, bool(rotary_interleaved),
+                       bool(causal) or win != (-1, -1))
+
+    opts = options(softmax_scale=softmax_scale, causal=causal, window_size=win, softcap=softcap,
+                   kernel=kernel_for(kernel, False))
+    out = _empty((batch, seqlen_q, heads_q, v_cache.shape[3]), q, q.dtype, torch_)
+    lse = _empty((batch, heads_q, seqlen_q), q, "float32", torch_) if return_softmax_lse else None
+    args = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, out, lse,
+            opts)
+    opts.workspace = _empty((_flashlab.forward_kvcache(*args, True),), q, "uint8", torch_)
+    _flashlab.forward_kvcache(*args)
+    return (out, lse) if return_softmax_lse else out

@@ -68,29 +68,18 @@ def _empty(shape: tuple, like: Array, dtype: Any, torch_: bool) -> Array:
     return np.empty(shape, dtype=dtype)
 
 
-def flash_attn_with_kvcache(
-    q: Array,
-    k_cache: Array,
-    v_cache: Array,
-    k: Optional[Array] = None,
-    v: Optional[Array] = None,
-    rotary_cos: Optional[Array] = None,
-    rotary_sin: Optional[Array] = None,
-    cache_seqlens: Union[int, Array, None] = None,
-    cache_batch_idx: Optional[Array] = None,
-    cache_leftpad: Optional[Array] = None,
-    block_table: Optional[Array] = None,
-    softmax_scale: Optional[float] = None,
-    causal: bool = False,
-    window_size: Sequence[int] = (-1, -1),
-    softcap: float = 0.0,
-    rotary_interleaved: bool = True,
-    alibi_slopes: Optional[Array] = None,
-    num_splits: int = 0,
-    return_softmax_lse: bool = False,
-    *,
-    kernel: str = "auto",
-) -> Any:
+def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optional[Array] = None,
+                            v: Optional[Array] = None, rotary_cos: Optional[Array] = None,
+                            rotary_sin: Optional[Array] = None,
+                            cache_seqlens: Union[int, Array, None] = None,
+                            cache_batch_idx: Optional[Array] = None,
+                            cache_leftpad: Optional[Array] = None,
+                            block_table: Optional[Array] = None,
+                            softmax_scale: Optional[float] = None, causal: bool = False,
+                            window_size: Sequence[int] = (-1, -1), softcap: float = 0.0,
+                            rotary_interleaved: bool = True, alibi_slopes: Optional[Array] = None,
+                            num_splits: int = 0, return_softmax_lse: bool = False, *,
+                            kernel: str = "auto") -> Any:
     """FlashAttention-2's flash_attn_with_kvcache for NumPy arrays and torch CPU tensors.
 
     q [B, Sq, Hq, D]; k_cache/v_cache [B_cache, S_cache, Hkv, D / Dv], or paged

@@ -8,7 +8,7 @@ file(GLOB FLASHLAB_CUDA_SOURCES CONFIGURE_DEPENDS
   ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm80/*.cu)
 
 # The head dims of FLASHLAB_HEAD_DIMS, checked, and the mask the dispatch files read
-# (src/cuda/refusals.h: bit i for 64, 96, 128, 192, 256).
+# (src/cuda/head_dims.h: bit i for 64, 96, 128, 192, 256).
 set(_flashlab_all_head_dims 64 96 128 192 256)
 set(FLASHLAB_HEAD_DIMS_MASK 0)
 foreach(hdim IN LISTS FLASHLAB_HEAD_DIMS)

@@ -79,11 +79,7 @@ Tensor slice(const Tensor& t, int64_t i, int64_t elem) {
 
 Status check_table(const Tensor& t, const char* name, int rank, const char* layout, const Tensor& q,
                    int64_t batch) {
-  FL_CHECK(check_view(t, name, rank, layout));
-  if (t.dtype != DType::kI32)
-    return invalid(std::string(name) + ".dtype must be int32, got " + to_string(t.dtype));
-  if (t.device != q.device || t.device_index != q.device_index)
-    return invalid(std::string(name) + " must be on the device of q (" + to_string(q.device) + ")");
+  FL_CHECK(api::check_int32(t, name, rank, layout, q));
   return expect_dim(t, name, 0, batch, "batch");
 }
 
@@ -156,14 +152,9 @@ Status check_tensors(const KvCacheArgs& a, Plan* p) {
     FL_CHECK(expect_dim(vn, "v_new", 3, p->head_dim_v, "head_dim_v"));
   }
   if (a.maybe_lse.present()) {
-    FL_CHECK(check_view(a.maybe_lse, "lse", 3, "[batch, heads_q, seqlen_q]"));
-    FL_CHECK(expect_dim(a.maybe_lse, "lse", 0, p->batch, "batch"));
-    FL_CHECK(expect_dim(a.maybe_lse, "lse", 1, p->heads_q, "heads_q"));
-    FL_CHECK(expect_dim(a.maybe_lse, "lse", 2, p->seqlen_q, "seqlen_q"));
-    if (a.maybe_lse.dtype != DType::kF32)
-      return invalid(std::string("lse.dtype must be fp32, got ") + to_string(a.maybe_lse.dtype));
-    if (a.maybe_lse.device != a.q.device || a.maybe_lse.device_index != a.q.device_index)
-      return invalid("lse must be on the device of q (" + std::string(to_string(a.q.device)) + ")");
+    api::Dims d;
+    d.batch = p->batch, d.heads_q = p->heads_q, d.seqlen_q = p->seqlen_q;
+    FL_CHECK(api::check_lse(a.maybe_lse, "lse", a.q, d));
   }
 
   p->cache_rows = a.k_cache.shape[0];

@@ -93,19 +93,21 @@ Status check_cuda_alignment(const Tensor& t, const char* name) {
   return {};
 }
 
-// The dimensions every call shares, read off q/k/v/out and the varlen arguments.
-struct Dims {
-  bool varlen = false;
-  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, total_q = 0, total_k = 0;
-  int64_t heads_q = 0, heads_kv = 0, head_dim = 0, head_dim_v = 0;
-};
+}  // namespace
+
+Status check_int32(const Tensor& t, const char* name, int rank, const char* layout, const Tensor& q) {
+  FL_CHECK(check_view(t, name, rank, layout));
+  if (t.dtype != DType::kI32)
+    return invalid(std::string(name) + ".dtype must be int32, got " + to_string(t.dtype));
+  if (t.device != q.device || t.device_index != q.device_index)
+    return invalid(std::string(name) + " must be on the device of q (" + to_string(q.device) + ")");
+  return {};
+}
+
+namespace {
 
 Status check_cu_seqlens(const Tensor& cu, const char* name, const Tensor& q) {
-  FL_CHECK(check_view(cu, name, 1, "[batch + 1]"));
-  if (cu.dtype != DType::kI32)
-    return invalid(std::string(name) + ".dtype must be int32, got " + to_string(cu.dtype));
-  if (cu.device != q.device || cu.device_index != q.device_index)
-    return invalid(std::string(name) + " must be on the device of q (" + to_string(q.device) + ")");
+  FL_CHECK(check_int32(cu, name, 1, "[batch + 1]", q));
   if (cu.shape[0] < 1) return invalid(std::string(name) + " must have batch + 1 >= 1 entries, got 0");
   return {};
 }
@@ -228,6 +230,8 @@ Status read_dims(const CommonArgs& a, const Tensor& q, const Tensor& k, const Te
   return check_cuda_alignment(out, "out");
 }
 
+}  // namespace
+
 Status check_lse(const Tensor& lse, const char* name, const Tensor& q, const Dims& d) {
   if (d.varlen) {
     FL_CHECK(check_view(lse, name, 2, "[heads_q, total_q]"));
@@ -247,6 +251,8 @@ Status check_lse(const Tensor& lse, const char* name, const Tensor& q, const Dim
     return invalid(std::string(name) + ".data must be 4-byte aligned");
   return {};
 }
+
+namespace {
 
 // Scale, mask, dropout and threads: the scalar options, and the Params every pass shares.
 Status fill_common(const CommonArgs& a, const Dims& d, const Tensor& q, AttnParams* p) {

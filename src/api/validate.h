@@ -39,6 +39,18 @@ Status make_params(const BackwardArgs& a, BwdParams* p);
 Status check_view(const Tensor& t, const char* name, int rank, const char* layout);
 Status check_same_placement(const Tensor& t, const char* name, const Tensor& q);
 Status expect_dim(const Tensor& t, const char* name, int axis, int64_t want, const char* what);
+// An int32 table (cu_seqlens, the KV cache's cache_seqlens, block_table...): its view, its
+// dtype and q's device.
+Status check_int32(const Tensor& t, const char* name, int rank, const char* layout, const Tensor& q);
+
+// The dimensions every call shares, read off q/k/v/out and the varlen arguments.
+struct Dims {
+  bool varlen = false;
+  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, total_q = 0, total_k = 0;
+  int64_t heads_q = 0, heads_kv = 0, head_dim = 0, head_dim_v = 0;
+};
+// LSE, fp32 [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q]) on q's device.
+Status check_lse(const Tensor& lse, const char* name, const Tensor& q, const Dims& d);
 
 // ---- memory.cpp -------------------------------------------------------------------------
 // The span of a view, 1 + Σ (shape_i − 1)·stride_i elements, must fit int64 in elements

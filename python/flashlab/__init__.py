@@ -15,6 +15,7 @@ from . import _flashlab
 from ._rotary import apply_rotary_emb
 from ._version import __version__
 from ._options import Array, int32, kernel_for, options, window
+from ._options import is_torch as _is_torch
 
 Output = Union[Array, Tuple[Array, Array, None]]
 
@@ -43,10 +44,6 @@ def kernels() -> list[dict[str, Any]]:
 def cuda_available() -> bool:
     """True when this build has CUDA kernels and a CUDA device is visible."""
     return bool(_flashlab.cuda_available())
-
-
-def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch")
 
 
 def _check_arrays(optional: Tuple[str, ...] = (), **arrays: Array) -> bool:

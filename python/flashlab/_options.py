@@ -17,6 +17,11 @@ from . import _flashlab
 Array = Any
 
 
+def is_torch(x: Any) -> bool:
+    """Whether `x` is a torch tensor (checked without importing torch)."""
+    return type(x).__module__.startswith("torch")
+
+
 def int32(name: str, value: Any) -> int:
     """`value` as an int that fits the native int32 field `name`."""
     v = int(value)

@@ -18,11 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-Array = Any
-
-
-def _is_torch(x: Any) -> bool:
-    return type(x).__module__.split(".")[0] == "torch"
+from ._options import Array
+from ._options import is_torch as _is_torch
 
 
 def _positions(x: Array, seqlen_offsets: Union[int, Array], cu_seqlens: Optional[Array],

@@ -9,7 +9,7 @@ Every bad input raises ValueError or TypeError carrying the C++ Status message.
 from __future__ import annotations
 
 import sys
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Literal, Optional, Sequence, Tuple, Union, overload
 
 from . import _flashlab
 from ._rotary import apply_rotary_emb
@@ -154,7 +154,7 @@ def attention_backward(
 _ops = None
 
 
-def _torch():
+def _torch() -> Any:
     """The torch custom ops. Importing flashlab never imports torch: the ops are registered
     here at import when torch is already loaded (so that torch.compile never has to trace an
     import), else on the first call with a torch tensor."""
@@ -198,6 +198,14 @@ def _attention(q: Array, k: Array, v: Array, cu_q: Optional[Array], cu_k: Option
     return (out, lse, None) if return_attn_probs else out
 
 
+# Each function with return_attn_probs has two typed signatures: out alone without it,
+# (out, softmax_lse, None) or out when it is given.
+@overload
+def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = ..., softmax_scale: Optional[float] = ..., causal: bool = ..., window_size: Sequence[int] = ..., softcap: float = ..., alibi_slopes: Optional[Array] = ..., deterministic: bool = ..., return_attn_probs: Literal[False] = ..., *, dropout_seed: Optional[int] = ..., kernel: str = ...) -> Array: ...  # noqa: E501
+@overload
+def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = ..., softmax_scale: Optional[float] = ..., causal: bool = ..., window_size: Sequence[int] = ..., softcap: float = ..., alibi_slopes: Optional[Array] = ..., deterministic: bool = ..., return_attn_probs: bool = ..., *, dropout_seed: Optional[int] = ..., kernel: str = ...) -> Output: ...  # noqa: E501
+
+
 def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0,
                     softmax_scale: Optional[float] = None, causal: bool = False,
                     window_size: Sequence[int] = (-1, -1), softcap: float = 0.0,
@@ -222,6 +230,12 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0,
                       kernel, False)
 
 
+@overload
+def flash_attn_qkvpacked_func(qkv: Array, dropout_p: float = ..., softmax_scale: Optional[float] = ..., causal: bool = ..., window_size: Sequence[int] = ..., softcap: float = ..., alibi_slopes: Optional[Array] = ..., deterministic: bool = ..., return_attn_probs: Literal[False] = ..., *, dropout_seed: Optional[int] = ..., kernel: str = ...) -> Array: ...  # noqa: E501
+@overload
+def flash_attn_qkvpacked_func(qkv: Array, dropout_p: float = ..., softmax_scale: Optional[float] = ..., causal: bool = ..., window_size: Sequence[int] = ..., softcap: float = ..., alibi_slopes: Optional[Array] = ..., deterministic: bool = ..., return_attn_probs: bool = ..., *, dropout_seed: Optional[int] = ..., kernel: str = ...) -> Output: ...  # noqa: E501
+
+
 def flash_attn_qkvpacked_func(qkv: Array, dropout_p: float = 0.0,
                               softmax_scale: Optional[float] = None, causal: bool = False,
                               window_size: Sequence[int] = (-1, -1), softcap: float = 0.0,
@@ -239,6 +253,12 @@ def flash_attn_qkvpacked_func(qkv: Array, dropout_p: float = 0.0,
     return _attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], None, None, 0, 0, dropout_p,
                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                       return_attn_probs, dropout_seed, kernel, False)
+
+
+@overload
+def flash_attn_varlen_func(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = ..., softmax_scale: Optional[float] = ..., causal: bool = ..., window_size: Sequence[int] = ..., softcap: float = ..., alibi_slopes: Optional[Array] = ..., deterministic: bool = ..., return_attn_probs: Literal[False] = ..., block_table: Optional[Array] = ..., *, dropout_seed: Optional[int] = ..., kernel: str = ..., check_inputs: bool = ...) -> Array: ...  # noqa: E501
+@overload
+def flash_attn_varlen_func(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = ..., softmax_scale: Optional[float] = ..., causal: bool = ..., window_size: Sequence[int] = ..., softcap: float = ..., alibi_slopes: Optional[Array] = ..., deterministic: bool = ..., return_attn_probs: bool = ..., block_table: Optional[Array] = ..., *, dropout_seed: Optional[int] = ..., kernel: str = ..., check_inputs: bool = ...) -> Output: ...  # noqa: E501
 
 
 def flash_attn_varlen_func(q: Array, k: Array, v: Array, cu_seqlens_q: Array,

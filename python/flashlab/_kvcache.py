@@ -10,7 +10,7 @@ Imported at the end of flashlab/__init__.py, after the helpers it uses are defin
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _check_arrays, _flashlab
 from ._options import Array, int32, kernel_for, options, window
@@ -45,7 +45,7 @@ def _seqlens_array(cache_seqlens: Union[int, Array, None], batch: int, torch_: b
 
 
 def _rotate(q: Array, k: Array, cos: Array, sin: Array, offsets: Any, interleaved: bool,
-            per_query: bool):
+            per_query: bool) -> Tuple[Array, Array]:
     """(q, k) rotated: k at offsets[b] + t; q at offsets[b] + i when `per_query` (causal or
     local), else every query of sequence b at offsets[b]."""
     k = apply_rotary_emb(k, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
@@ -57,7 +57,7 @@ def _rotate(q: Array, k: Array, cos: Array, sin: Array, offsets: Any, interleave
     return q.reshape(b, sq, hq, d), k
 
 
-def _empty(shape: tuple, like: Array, dtype: Any, torch_: bool) -> Array:
+def _empty(shape: Tuple[int, ...], like: Array, dtype: Any, torch_: bool) -> Array:
     if torch_:
         import torch
 
@@ -126,7 +126,8 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
         if cache_seqlens is None:
             raise ValueError("rotary_cos/rotary_sin need cache_seqlens (the first position of "
                              "each sequence's new rows)")
-        offsets = cache_seqlens.long() if torch_ else cache_seqlens.astype("int64")
+        # cache_seqlens is an array here (an int became one above).
+        offsets = cache_seqlens.long() if torch_ else cache_seqlens.astype("int64")  # type: ignore[union-attr]  # noqa: E501
         q, k = _rotate(q, k, rotary_cos, rotary_sin, offsets, bool(rotary_interleaved),
                        bool(causal) or win != (-1, -1))
 

@@ -16,7 +16,7 @@ fuse the rotation into attention, not a kernel itself.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 from ._options import Array
 from ._options import is_torch as _is_torch
@@ -61,7 +61,7 @@ def _positions(x: Array, seqlen_offsets: Union[int, Array], cu_seqlens: Optional
     return lib.arange(rows, **dev) - cu[seq] + start
 
 
-def _torch_ops(x: Array):
+def _torch_ops(x: Array) -> Tuple[Any, Callable[[Any, Any], Any], Callable[[Any], Any], Callable[[Any], Any]]:
     """The working dtype, a cast, a stack on a new last axis and a concatenation on the last."""
     import torch
 
@@ -70,7 +70,7 @@ def _torch_ops(x: Array):
             lambda t: torch.cat(t, dim=-1))
 
 
-def _numpy_ops(x: Array):
+def _numpy_ops(x: Array) -> Tuple[Any, Callable[[Any, Any], Any], Callable[[Any], Any], Callable[[Any], Any]]:
     import numpy as np
 
     work = np.float64 if x.dtype == np.float64 else np.float32

@@ -13,7 +13,7 @@ Imported at the end of flashlab/__init__.py, after the functions it wraps are de
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Literal, Optional, Sequence, Tuple, overload
 
 from . import Output, flash_attn_func, flash_attn_varlen_func
 from ._options import Array
@@ -79,6 +79,12 @@ def with_layout_hint(attention: Callable[..., Output]) -> Callable[..., Output]:
 # ---- packed variants --------------------------------------------------------------------
 
 
+@overload
+def flash_attn_kvpacked_func(q: Array, kv: Array, dropout_p: float = ..., softmax_scale: Optional[float] = ..., causal: bool = ..., window_size: Sequence[int] = ..., softcap: float = ..., alibi_slopes: Optional[Array] = ..., deterministic: bool = ..., return_attn_probs: Literal[False] = ..., *, dropout_seed: Optional[int] = ..., kernel: str = ...) -> Array: ...  # noqa: E501
+@overload
+def flash_attn_kvpacked_func(q: Array, kv: Array, dropout_p: float = ..., softmax_scale: Optional[float] = ..., causal: bool = ..., window_size: Sequence[int] = ..., softcap: float = ..., alibi_slopes: Optional[Array] = ..., deterministic: bool = ..., return_attn_probs: bool = ..., *, dropout_seed: Optional[int] = ..., kernel: str = ...) -> Output: ...  # noqa: E501
+
+
 def flash_attn_kvpacked_func(q: Array, kv: Array, dropout_p: float = 0.0,
                              softmax_scale: Optional[float] = None, causal: bool = False,
                              window_size: Sequence[int] = (-1, -1), softcap: float = 0.0,
@@ -91,6 +97,12 @@ def flash_attn_kvpacked_func(q: Array, kv: Array, dropout_p: float = 0.0,
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, deterministic, return_attn_probs,
                            dropout_seed=dropout_seed, kernel=kernel)
+
+
+@overload
+def flash_attn_varlen_qkvpacked_func(qkv: Array, cu_seqlens: Array, max_seqlen: int, dropout_p: float = ..., softmax_scale: Optional[float] = ..., causal: bool = ..., window_size: Sequence[int] = ..., softcap: float = ..., alibi_slopes: Optional[Array] = ..., deterministic: bool = ..., return_attn_probs: Literal[False] = ..., *, dropout_seed: Optional[int] = ..., kernel: str = ..., check_inputs: bool = ...) -> Array: ...  # noqa: E501
+@overload
+def flash_attn_varlen_qkvpacked_func(qkv: Array, cu_seqlens: Array, max_seqlen: int, dropout_p: float = ..., softmax_scale: Optional[float] = ..., causal: bool = ..., window_size: Sequence[int] = ..., softcap: float = ..., alibi_slopes: Optional[Array] = ..., deterministic: bool = ..., return_attn_probs: bool = ..., *, dropout_seed: Optional[int] = ..., kernel: str = ..., check_inputs: bool = ...) -> Output: ...  # noqa: E501
 
 
 def flash_attn_varlen_qkvpacked_func(qkv: Array, cu_seqlens: Array, max_seqlen: int,
@@ -109,6 +121,12 @@ def flash_attn_varlen_qkvpacked_func(qkv: Array, cu_seqlens: Array, max_seqlen: 
                                   alibi_slopes, deterministic, return_attn_probs,
                                   dropout_seed=dropout_seed, kernel=kernel,
                                   check_inputs=check_inputs)
+
+
+@overload
+def flash_attn_varlen_kvpacked_func(q: Array, kv: Array, cu_seqlens_q: Array, cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = ..., softmax_scale: Optional[float] = ..., causal: bool = ..., window_size: Sequence[int] = ..., softcap: float = ..., alibi_slopes: Optional[Array] = ..., deterministic: bool = ..., return_attn_probs: Literal[False] = ..., *, dropout_seed: Optional[int] = ..., kernel: str = ..., check_inputs: bool = ...) -> Array: ...  # noqa: E501
+@overload
+def flash_attn_varlen_kvpacked_func(q: Array, kv: Array, cu_seqlens_q: Array, cu_seqlens_k: Array, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = ..., softmax_scale: Optional[float] = ..., causal: bool = ..., window_size: Sequence[int] = ..., softcap: float = ..., alibi_slopes: Optional[Array] = ..., deterministic: bool = ..., return_attn_probs: bool = ..., *, dropout_seed: Optional[int] = ..., kernel: str = ..., check_inputs: bool = ...) -> Output: ...  # noqa: E501
 
 
 def flash_attn_varlen_kvpacked_func(q: Array, kv: Array, cu_seqlens_q: Array,

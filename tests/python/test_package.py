@@ -1,10 +1,14 @@
 """The package's metadata: one version, read by pip from python/flashlab/_version.py and by
-CMake from CMakeLists.txt's project(); the license; the typing marker."""
+CMake from CMakeLists.txt's project(); the license; the typing marker, the compiled
+module's stubs and a typed user's script."""
 
 from __future__ import annotations
 
 import pathlib
 import re
+import subprocess
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -36,3 +40,41 @@ def test_license_is_bsd3():
     text = (ROOT / "LICENSE").read_text()
     assert text.startswith("BSD 3-Clause License")
     assert 'license = { file = "LICENSE" }' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_typed_user_script_runs():
+    """tests/python/typed_user.py, which CI checks with mypy --strict, also runs."""
+    import runpy
+
+    shapes = runpy.run_path(str(ROOT / "tests" / "python" / "typed_user.py"))["main"]()
+    assert shapes["flash_attn_func"] == (2, 16, 2, 32) and shapes["softmax_lse"] == (2, 2, 16)
+    assert shapes["varlen"] == (32, 2, 32) and shapes["kvcache"] == (2, 1, 2, 32)
+
+
+def _run(*args: str) -> "subprocess.CompletedProcess[str]":
+    import sys
+
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_stubs_match_the_module(tmp_path):
+    """The checked-in stubs of the compiled module (flashlab/_flashlab/*.pyi) are what
+    nanobind's stubgen writes for the installed module with tools/stubs/_flashlab.pat."""
+    import flashlab
+
+    pytest.importorskip("nanobind.stubgen")
+    r = _run("-m", "nanobind.stubgen", "-q", "-r", "-m", "flashlab._flashlab",
+             "-p", str(ROOT / "tools" / "stubs" / "_flashlab.pat"), "-O", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    shipped = pathlib.Path(flashlab.__file__).parent / "_flashlab"
+    for name in ("__init__.pyi", "bench.pyi"):
+        assert (tmp_path / "_flashlab" / name).read_text() == (shipped / name).read_text(), (
+            f"flashlab/_flashlab/{name} is stale: regenerate it with the command in "
+            "tools/stubs/_flashlab.pat")
+
+
+def test_typed_user_script_passes_mypy_strict():
+    pytest.importorskip("mypy")
+    r = _run("-m", "mypy", "--strict", "--no-incremental",
+             str(ROOT / "tests" / "python" / "typed_user.py"))
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -8,7 +8,7 @@
 // declare the functions, to count them and to build the table. No include guard, on purpose.
 
 FL_KERNEL(cpu, reference_entry)  // src/cpu/reference.cpp
-FL_KERNEL(cpu, flash_entry)      // src/cpu/flash_forward.cpp
+FL_KERNEL(cpu, flash_entry)      // src/cpu/flash.cpp
 
 #if FLASHLAB_WITH_CUDA
 FL_KERNEL(cuda, naive_entry)         // src/cuda/ladder/01_naive.cu

@@ -1,10 +1,11 @@
 // cpu_flash's shared pieces: tile sizes, element conversions, the branch-free exp2 and tanh
 // that let the softmax loops vectorize, the per-thread workspace layout, and the
-// query-block helpers that the forward (flash_forward.cpp) and the backward
-// (flash_backward.cpp) both walk. The GEMM micro-kernels are in gemm.h.
+// query-block helpers that the forward (flash_forward.inc) and the backward
+// (flash_backward.inc) both walk. The GEMM micro-kernels are in gemm.h.
 //
-// Everything here is inline in namespace flashlab::cpu, so each kernel file compiles its
-// loops with the tile sizes as constants, as one file did before the split.
+// Everything here is inline in the namespace of the instruction set this translation unit
+// is compiled for (flashlab::cpu::baseline, ::avx2, ...: isa.h), so each variant's copy
+// of a helper is its own function, never merged with another variant's by the linker.
 #pragma once
 
 #include <omp.h>
@@ -22,7 +23,7 @@
 #include "common/params.h"
 #include "cpu/gemm.h"
 
-namespace flashlab::cpu {
+namespace flashlab::cpu::FLASHLAB_CPU_ISA {
 
 // ---- tile sizes -------------------------------------------------------------------------
 
@@ -32,7 +33,6 @@ namespace flashlab::cpu {
 // across M, N in {64, 128, 256}.
 constexpr int kBlockM = 128;    // queries per forward / dQ task (columns of the Qᵀ tile)
 constexpr int kBlockN = 64;     // keys per step of the key loop, and per dK/dV task
-constexpr int kMaxHeadDim = 512;
 constexpr size_t kAlign = 64;   // every tile starts on a cache line
 
 static_assert(kBlockM % kMicroCols == 0 && kBlockN % kMicroCols == 0,
@@ -527,8 +527,4 @@ void for_each_q_block(const AttnParams& p, size_t slot, bool backward, F f) {
   }
 }
 
-// The backward's entry points (flash_backward.cpp), registered with the forward.
-size_t flash_bwd_workspace(const BwdParams& p);
-Status flash_bwd(const BwdParams& p);
-
-}  // namespace flashlab::cpu
+}  // namespace flashlab::cpu::FLASHLAB_CPU_ISA

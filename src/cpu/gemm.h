@@ -1,7 +1,7 @@
 // cpu_flash's tile products. Every product in the forward and backward is C (+)= A·B with B
 // row-major, done by a register-blocked micro-kernel (kMicroRows rows × kMicroCols columns
 // of C held in registers) whose innermost loop runs over contiguous columns of B, so it
-// vectorizes (AVX2/FMA or wider with -march=native). A may be read transposed (kATrans),
+// vectorizes (SSE2 in the baseline variant, AVX2/FMA or AVX-512 in the others: isa.h). A may be read transposed (kATrans),
 // which is how P and dS enter a product from a tile that holds them as Pᵀ / dSᵀ: no tile
 // is transposed inside a key loop. gemm_valid_pairs() is the masked tiles' product when B
 // holds a non-finite value (docs/DESIGN.md: a masked key's values never reach a row).
@@ -11,7 +11,12 @@
 #include <cmath>
 #include <cstdint>
 
-namespace flashlab::cpu {
+// The variant being compiled: a src/cpu/flash_<isa>.cpp defines it (isa.h).
+#ifndef FLASHLAB_CPU_ISA
+#error "cpu_flash's headers are compiled inside one of its variants, a src/cpu/flash_<isa>.cpp"
+#endif
+
+namespace flashlab::cpu::FLASHLAB_CPU_ISA {
 
 // A 6 × 16 register block (12 accumulators, two AVX vectors wide) beats 5 × 16 and 4 × 16
 // on Zen3: it hides the FMA latency with loads to spare.
@@ -123,4 +128,4 @@ void gemm_valid_pairs(int rows, int cols, int K, const float* A, int64_t lda, co
   }
 }
 
-}  // namespace flashlab::cpu
+}  // namespace flashlab::cpu::FLASHLAB_CPU_ISA

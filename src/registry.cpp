@@ -30,6 +30,7 @@ const std::array<KernelEntry, kCount>& table() noexcept {
     for (KernelEntry& e : a) {
       e.info.has_forward = e.run_fwd != nullptr;
       e.info.has_backward = e.run_bwd != nullptr;
+      e.info.has_kvcache = e.run_kv != nullptr;
     }
     return a;
   }();

@@ -182,14 +182,22 @@ struct BackwardArgs : CommonArgs {
 // A sequence's cache is k_cache[cache_batch_idx[b]] (contiguous), or with a block table the
 // pages k_cache[block_table[b][j]], page j holding rows [j·page_size, (j + 1)·page_size).
 // Refused: dropout (dropout_p must be 0), varlen cu_seqlens, block_table together with
-// cache_batch_idx, and CUDA tensors (the CPU path composes forward() per sequence; there is
-// no CUDA kernel for this entry point). Rotary embeddings, cache_leftpad and num_splits are
-// not part of this API. Every int32 table lives on the host and is checked before anything
-// is written: cache_seqlens[b] >= 0 and L_b within the sequence's cache (seqlen_cache, or
-// max_pages·page_size), cache_batch_idx in [0, batch_cache), and the block_table entries of
-// the pages rows [0, L_b) use in [0, num_pages). With k_new, k_cache and v_cache are outputs:
-// they must not overlap q, k_new, v_new, out, lse, the tables or each other.
-// The workspace holds a paged sequence's gathered K and V plus the inner forward's own.
+// cache_batch_idx. Rotary embeddings and cache_leftpad are not part of this API.
+// With k_new, k_cache and v_cache are outputs: they must not overlap q, k_new, v_new, out,
+// lse, the tables or each other.
+// CPU tensors: the call composes forward() per sequence. The int32 tables live on the host
+// and are checked before anything is written: cache_seqlens[b] >= 0 and L_b within the
+// sequence's cache (seqlen_cache, or max_pages·page_size), cache_batch_idx in
+// [0, batch_cache), and the block_table entries of the pages rows [0, L_b) use in
+// [0, num_pages). The workspace holds a paged sequence's gathered K and V plus the inner
+// forward's own.
+// CUDA tensors: one kernel (cute_fa2's split-KV) reads the caches in place, fp16/bf16, head
+// dims 64/96/128/192/256 with head_dim_v = head_dim. The tables live on the device and are
+// not read by the host: the kernel clamps each value before use, so a bad table gives wrong
+// rows, never an access outside the tensors: cache_seqlens[b] to [0, seqlen_cache −
+// seqlen_new] (max_pages·page_size for a paged cache), cache_batch_idx[b] to
+// [0, batch_cache), block_table entries to [0, num_pages). cache_seqlens is required with
+// k_new. The workspace holds the splits' partial O and LSE (fp32).
 struct KvCacheArgs : CommonArgs {
   Tensor q;            // [batch, seqlen_q, heads_q, head_dim]
   Tensor k_cache;      // [batch_cache, seqlen_cache, heads_kv, head_dim]; paged: [num_pages, page_size, heads_kv, head_dim]
@@ -201,6 +209,9 @@ struct KvCacheArgs : CommonArgs {
   Tensor maybe_block_table;      // int32 [batch, max_pages]: paged cache; page j of sequence b is k_cache[block_table[b][j]]
   Tensor out;          // [batch, seqlen_q, heads_q, head_dim_v] (written)
   Tensor maybe_lse;    // fp32 [batch, heads_q, seqlen_q] (written)
+  // CUDA: how many CTAs share each sequence's keys (split-KV, at most 128); 0 = chosen from
+  // the SM count, batch, heads and cache length. The CPU path ignores it.
+  int num_splits = 0;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -228,6 +239,7 @@ struct KernelInfo {
   std::string_view summary;   // one line: what it is and what it supports
   bool has_forward = false;
   bool has_backward = false;
+  bool has_kvcache = false;       // runs forward_kvcache on its device
   bool forward_dropout = false;   // its forward takes dropout_p > 0
   bool backward_dropout = false;  // its backward regenerates that mask
 };

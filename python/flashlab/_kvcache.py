@@ -1,9 +1,10 @@
-"""FlashAttention-2's flash_attn_with_kvcache on the C++ forward_kvcache (CPU tensors).
+"""FlashAttention-2's flash_attn_with_kvcache on the C++ forward_kvcache.
 
 Inference only: no autograd (FlashAttention-2's function has none either). The new rows
 k/v are appended into k_cache/v_cache in place, then q attends to each sequence's cache
 rows [0, cache_seqlens[b] + seqlen_new); docs/DESIGN.md "KV cache" has the semantics.
-Rotary embeddings are applied here, on copies of q and k, with apply_rotary_emb.
+Rotary embeddings are applied here, on copies of q and k, with apply_rotary_emb. CUDA
+tensors run cute_fa2's split-KV kernel on the current stream of q's device.
 
 Imported at the end of flashlab/__init__.py, after the helpers it uses are defined.
 """
@@ -20,25 +21,24 @@ _OPTIONAL = ("k", "v", "rotary_cos", "rotary_sin", "cache_seqlens", "cache_batch
              "block_table")
 
 
-def _refuse_unsupported(cache_leftpad: Any, alibi_slopes: Any, num_splits: Any) -> None:
+def _refuse_unsupported(cache_leftpad: Any, alibi_slopes: Any) -> None:
     if cache_leftpad is not None:
         raise ValueError("cache_leftpad: left-padded KV caches are not supported yet")
     if alibi_slopes is not None:
         raise ValueError("alibi_slopes: ALiBi is not supported yet")
-    if int(num_splits) != 0:
-        raise ValueError(f"num_splits: split-KV scheduling is not supported yet (pass 0), got "
-                         f"{num_splits}")
 
 
-def _seqlens_array(cache_seqlens: Union[int, Array, None], batch: int, torch_: bool) -> Any:
-    """An int cache_seqlens as int32 [batch] in q's array library; arrays pass unchanged."""
+def _seqlens_array(cache_seqlens: Union[int, Array, None], q: Array, torch_: bool) -> Any:
+    """An int cache_seqlens as int32 [batch] in q's array library and on q's device; arrays
+    pass unchanged."""
     if cache_seqlens is None or hasattr(cache_seqlens, "__dlpack__"):
         return cache_seqlens
     n = int32("cache_seqlens", cache_seqlens)
+    batch = q.shape[0]
     if torch_:
         import torch
 
-        return torch.full((batch,), n, dtype=torch.int32)
+        return torch.full((batch,), n, dtype=torch.int32, device=q.device)
     import numpy as np
 
     return np.full((batch,), n, dtype=np.int32)
@@ -96,11 +96,18 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
     of sequence b at position cache_seqlens[b]. rotary_interleaved picks the (2i, 2i + 1)
     pairs, else the halves. The caller's q and k are not modified.
 
+    num_splits (CUDA): how many CTAs share each sequence's keys (split-KV, at most 128);
+    0 picks it from the SM count, batch, heads and cache length. CUDA tables are not read
+    by the host: the kernel clamps out-of-range values (docs/DESIGN.md "KV cache").
+
     Returns out [B, Sq, Hq, Dv]; with return_softmax_lse, (out, softmax_lse fp32
     [B, Hq, Sq]). Inference only: torch tensors are detached, nothing is differentiable.
-    cache_leftpad, alibi_slopes and num_splits != 0 raise ValueError (not supported yet).
+    cache_leftpad and alibi_slopes raise ValueError (not supported yet).
     """
-    _refuse_unsupported(cache_leftpad, alibi_slopes, num_splits)
+    _refuse_unsupported(cache_leftpad, alibi_slopes)
+    splits = int32("num_splits", num_splits)
+    if splits < 0:
+        raise ValueError(f"num_splits must be >= 0 (0 = chosen per call), got {num_splits}")
     win = window(window_size)
     torch_ = _check_arrays(_OPTIONAL, q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v,
                            rotary_cos=rotary_cos, rotary_sin=rotary_sin,
@@ -116,7 +123,7 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
         raise ValueError(f"v_cache must be [batch_cache, seqlen_cache, heads_kv, head_dim_v] "
                          f"(paged: [num_pages, page_size, ...]), got shape {tuple(v_cache.shape)}")
     batch, seqlen_q, heads_q = q.shape[:3]
-    cache_seqlens = _seqlens_array(cache_seqlens, batch, torch_)
+    cache_seqlens = _seqlens_array(cache_seqlens, q, torch_)
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("rotary_cos and rotary_sin must both be given or both be None")
     if rotary_cos is not None:
@@ -133,6 +140,11 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
 
     opts = options(softmax_scale=softmax_scale, causal=causal, window_size=win, softcap=softcap,
                    kernel=kernel_for(kernel, False))
+    opts.num_splits = splits
+    if torch_ and q.is_cuda:
+        import torch
+
+        opts.stream = torch.cuda.current_stream(q.device).cuda_stream
     out = _empty((batch, seqlen_q, heads_q, v_cache.shape[3]), q, q.dtype, torch_)
     lse = _empty((batch, heads_q, seqlen_q), q, "float32", torch_) if return_softmax_lse else None
     args = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, out, lse,

@@ -34,8 +34,12 @@ Half<FwdParams> half(const KernelEntry& e, const FwdParams&) {
 Half<BwdParams> half(const KernelEntry& e, const BwdParams&) {
   return {e.info.backward_dropout, e.supports_bwd, e.workspace_bwd, e.run_bwd};
 }
+Half<KvCacheParams> half(const KernelEntry& e, const KvCacheParams&) {
+  return {false, e.supports_kv, e.workspace_kv, e.run_kv};
+}
 const char* pass_name(const FwdParams&) { return "forward"; }
 const char* pass_name(const BwdParams&) { return "backward"; }
+const char* pass_name(const KvCacheParams&) { return "KV-cache forward"; }
 
 // Why `e` cannot run `p` ("" when it can): the registry's flags, then the kernel's own
 // supports().
@@ -112,6 +116,10 @@ Status choose(std::string_view name, const P& p, const KernelEntry** chosen) {
 // for keys that no query sees, so it runs whenever there are keys or queries.
 bool nothing_to_write(const FwdParams& p) { return p.batch == 0 || p.total_q == 0 || p.seqlen_q == 0; }
 bool nothing_to_write(const BwdParams& p) { return p.batch == 0 || (p.total_q == 0 && p.total_k == 0); }
+// The KV-cache forward still appends its new rows when there are no query rows.
+bool nothing_to_write(const KvCacheParams& p) {
+  return p.batch == 0 || ((p.seqlen_q == 0 || p.heads_q == 0) && p.seqlen_new == 0);
+}
 
 template <class P>
 Status run_checked(const P& p, std::string_view name) {
@@ -158,6 +166,13 @@ Status validated(const Args& a, F&& then) {
 }
 
 }  // namespace
+
+namespace api {
+Status run_kvcache(const KvCacheParams& p, std::string_view kernel) { return run_checked(p, kernel); }
+Status kvcache_workspace(const KvCacheParams& p, std::string_view kernel, size_t* bytes) {
+  return size_checked(p, kernel, bytes);
+}
+}  // namespace api
 
 Status forward(const ForwardArgs& a) noexcept {
   return validated<FwdParams>(a, [&](const FwdParams& p) { return run_checked(p, a.kernel); });

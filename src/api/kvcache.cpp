@@ -1,5 +1,6 @@
-// forward_kvcache: attention against a KV cache (FlashAttention-2's flash_attn_with_kvcache),
-// composed from forward() one sequence at a time on the CPU.
+// forward_kvcache: attention against a KV cache (FlashAttention-2's flash_attn_with_kvcache).
+// On a device, one registry kernel runs the whole call (cute_fa2's split-KV); on the CPU it
+// is composed from forward() one sequence at a time, as below.
 //
 // Every rule is checked before anything is written: the tensors and the int32 tables
 // (read on the host), then a dry run of each sequence's inner forward() through
@@ -117,8 +118,12 @@ Status check_tensors(const KvCacheArgs& a, Plan* p) {
     FL_CHECK(check_same_placement(a.maybe_k_new, "k_new", a.q));
     FL_CHECK(check_same_placement(a.maybe_v_new, "v_new", a.q));
   }
-  if (a.q.device == Device::kCUDA)
-    return {StatusCode::kUnsupported, "forward_kvcache: no CUDA kernel yet; CPU tensors only"};
+  if (a.q.device == Device::kCUDA) {
+    const api::NamedView views[] = {{&a.q, "q"}, {&a.k_cache, "k_cache"}, {&a.v_cache, "v_cache"},
+                                    {&a.out, "out"}, {&a.maybe_k_new, "k_new"}, {&a.maybe_v_new, "v_new"}};
+    for (const api::NamedView& v : views) FL_CHECK(api::check_cuda_alignment(*v.t, v.name));
+  }
+  if (a.num_splits < 0) return invalid("num_splits must be >= 0 (0 = chosen per call), got " + to_string(a.num_splits));
 
   p->elem = int64_t(dtype_size(a.q.dtype));
   p->batch = a.q.shape[0];
@@ -194,8 +199,19 @@ std::string element(const char* name, int64_t i) {
   return std::string(name).append("[").append(to_string(i)).append("]");
 }
 
-// The tables' contents, read on the host; sets max_len.
+// The tables' contents, read on the host; sets max_len. Device tables are not read: the
+// kernels clamp their values (KvCacheParams, common/params.h), and only what the shapes
+// decide is checked here.
 Status check_tables(const KvCacheArgs& a, Plan* p) {
+  if (a.q.device != Device::kCPU) {
+    if (p->seqlen_new > p->capacity)
+      return invalid("seqlen_new (" + to_string(p->seqlen_new) + ") exceeds the " + to_string(p->capacity) +
+                     " rows of a sequence's cache (" + (p->paged ? "max_pages·page_size" : "seqlen_cache") + ")");
+    if (p->append && p->seqlen_new > 0 && !a.maybe_cache_seqlens.present())
+      return invalid("cache_seqlens must be given with k_new: without it every sequence's cache is full");
+    p->max_len = p->capacity;
+    return {};
+  }
   for (int64_t b = 0; b < p->batch; ++b) {
     const int64_t c = cached(a, *p, b), len = c + p->seqlen_new;
     if (c < 0) return invalid(element("cache_seqlens", b) + " must be >= 0, got " + to_string(c));
@@ -254,12 +270,53 @@ ForwardArgs inner(const KvCacheArgs& a, const Plan& p, int64_t b, int64_t len, v
 // any workspace is known: their gathered views then cannot meet the caller's tensors.
 void* const kNowhere = reinterpret_cast<void*>(uintptr_t(1) << 63);
 
+// A device call's Params: one kernel reads the caches in place (cute_fa2's split-KV,
+// src/cuda/sm80/kv_kernel.cuh), the tables left on the device.
+Status device_params(const KvCacheArgs& a, const Plan& pl, KvCacheParams* p) {
+  api::Dims d;
+  d.batch = pl.batch, d.seqlen_q = pl.seqlen_q, d.seqlen_k = pl.capacity;
+  d.total_q = pl.batch * pl.seqlen_q, d.total_k = pl.cache_rows * a.k_cache.shape[1];
+  d.heads_q = pl.heads_q, d.heads_kv = pl.heads_kv, d.head_dim = pl.head_dim, d.head_dim_v = pl.head_dim_v;
+  FL_CHECK(api::check_problem_size(d));
+  FL_CHECK(api::fill_common(a, d, a.q, p));
+  api::fill_qkvo(a.q, a.k_cache, a.v_cache, a.out, false, p);
+  if (a.maybe_lse.present()) api::fill_lse(a.maybe_lse, false, p);
+  if (pl.append) {
+    const Tensor &kn = a.maybe_k_new, &vn = a.maybe_v_new;
+    p->k_new = kn.data, p->v_new = vn.data, p->seqlen_new = int(pl.seqlen_new);
+    p->kn_batch_stride = kn.stride[0], p->kn_row_stride = kn.stride[1], p->kn_head_stride = kn.stride[2];
+    p->vn_batch_stride = vn.stride[0], p->vn_row_stride = vn.stride[1], p->vn_head_stride = vn.stride[2];
+  }
+  auto table = [](const Tensor& t) { return static_cast<const int32_t*>(t.data); };
+  if (a.maybe_cache_seqlens.present())
+    p->cache_seqlens = table(a.maybe_cache_seqlens), p->cache_seqlens_stride = a.maybe_cache_seqlens.stride[0];
+  if (a.maybe_cache_batch_idx.present())
+    p->cache_batch_idx = table(a.maybe_cache_batch_idx),
+    p->cache_batch_idx_stride = a.maybe_cache_batch_idx.stride[0];
+  if (pl.paged) {
+    p->block_table = table(a.maybe_block_table);
+    p->block_table_batch_stride = a.maybe_block_table.stride[0];
+    p->block_table_page_stride = a.maybe_block_table.stride[1];
+    p->page_size = int(pl.page_size);
+  }
+  p->cache_rows = int(pl.cache_rows);
+  p->num_splits = a.num_splits;
+  return {};
+}
+
 // Validates everything and sizes the workspace: the gathered rows plus the largest inner
-// forward's need, each sequence's inner call checked by forward()'s own rules.
-Status plan(const KvCacheArgs& a, Plan* p, size_t* need) {
+// forward's need, each sequence's inner call checked by forward()'s own rules. A device
+// call's workspace is its kernel's (through *params).
+Status plan(const KvCacheArgs& a, Plan* p, size_t* need, KvCacheParams* params = nullptr) {
   FL_CHECK(check_tensors(a, p));
   FL_CHECK(check_memory(a, *p));
   FL_CHECK(check_tables(a, p));
+  if (a.q.device != Device::kCPU) {
+    KvCacheParams local;
+    KvCacheParams* kp = params ? params : &local;
+    FL_CHECK(device_params(a, *p, kp));
+    return api::kvcache_workspace(*kp, a.kernel, need);
+  }
   int64_t rows = 0, kbytes = 0, vbytes = 0;
   if (p->paged && !(checked_mul(p->max_len, p->heads_kv * p->elem, &rows) &&
                     checked_mul(rows, p->head_dim, &kbytes) && checked_mul(rows, p->head_dim_v, &vbytes) &&
@@ -305,6 +362,11 @@ void gather(const KvCacheArgs& a, const Plan& p, int64_t b, int64_t len) {
 Status forward_kvcache(const KvCacheArgs& a) noexcept {
   Plan p;
   size_t need = 0;
+  if (a.q.device != Device::kCPU) {
+    KvCacheParams kp;
+    FL_CHECK(plan(a, &p, &need, &kp));
+    return api::run_kvcache(kp, a.kernel);
+  }
   FL_CHECK(plan(a, &p, &need));
   if (a.workspace_bytes < need)
     return {StatusCode::kWorkspaceTooSmall, "workspace_bytes (" + to_string(a.workspace_bytes) +

@@ -75,8 +75,6 @@ Status expect_dim(const Tensor& t, const char* name, int axis, int64_t want, con
   return {};
 }
 
-namespace {
-
 // CUDA kernels load 16 bytes at a time: base pointers and every stride that matters
 // (dimension size > 1) must be multiples of 16 bytes.
 Status check_cuda_alignment(const Tensor& t, const char* name) {
@@ -92,8 +90,6 @@ Status check_cuda_alignment(const Tensor& t, const char* name) {
   }
   return {};
 }
-
-}  // namespace
 
 Status check_int32(const Tensor& t, const char* name, int rank, const char* layout, const Tensor& q) {
   FL_CHECK(check_view(t, name, rank, layout));
@@ -138,6 +134,8 @@ Status read_varlen_dims(const CommonArgs& a, const Tensor& q, const Tensor& k, c
                            a.max_seqlen_k, "max_seqlen_k");
 }
 
+}  // namespace
+
 // Kernels index (batch, head) pairs and size their workspaces with products of these
 // dimensions: both must fit. batch·heads_kv <= batch·heads_q, as heads_kv divides heads_q.
 // The workspace bound covers every kernel's formula (cpu_reference's O(seqlen_q·seqlen_k)
@@ -162,6 +160,8 @@ Status check_problem_size(const Dims& d) {
                    to_string(d.seqlen_k) + ")");
   return {};
 }
+
+namespace {
 
 Status read_dims(const CommonArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
                  const Tensor& out, Dims* d) {
@@ -252,8 +252,6 @@ Status check_lse(const Tensor& lse, const char* name, const Tensor& q, const Dim
   return {};
 }
 
-namespace {
-
 // Scale, mask, dropout and threads: the scalar options, and the Params every pass shares.
 Status fill_common(const CommonArgs& a, const Dims& d, const Tensor& q, AttnParams* p) {
   if (a.softmax_scale && !std::isfinite(*a.softmax_scale))
@@ -327,8 +325,6 @@ void fill_lse(const Tensor& lse, bool varlen, AttnParams* p) {
   p->lse_batch_stride = varlen ? 0 : lse.stride[0];
   p->lse_head_stride = lse.stride[varlen ? 0 : 1];
 }
-
-}  // namespace
 
 Status make_params(const ForwardArgs& a, FwdParams* p) {
   Dims d;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "common/params.h"
 #include "flashlab/flashlab.h"
@@ -51,6 +52,24 @@ struct Dims {
 };
 // LSE, fp32 [batch, heads_q, seqlen_q] (varlen: [heads_q, total_q]) on q's device.
 Status check_lse(const Tensor& lse, const char* name, const Tensor& q, const Dims& d);
+
+// The shared steps of make_params, for entry points with Args of their own (kvcache.cpp):
+// the scalar options (scale, mask, dropout, threads) and the sizes into Params; the
+// pointers and strides of q, k, v and out ([B, S, H, D] views, or [T, H, D] for varlen);
+// LSE's; the bound on sizes that keeps workspace formulas from wrapping; 16-byte alignment
+// of a CUDA tensor's pointer and strides.
+Status fill_common(const CommonArgs& a, const Dims& d, const Tensor& q, AttnParams* p);
+void fill_qkvo(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, bool varlen,
+               AttnParams* p);
+void fill_lse(const Tensor& lse, bool varlen, AttnParams* p);
+Status check_problem_size(const Dims& d);
+Status check_cuda_alignment(const Tensor& t, const char* name);
+
+// ---- dispatch.cpp -----------------------------------------------------------------------
+// forward_kvcache on a device: the named kernel (or auto's choice) that runs p, its
+// workspace checked; and that kernel's workspace size.
+Status run_kvcache(const KvCacheParams& p, std::string_view kernel);
+Status kvcache_workspace(const KvCacheParams& p, std::string_view kernel, size_t* bytes);
 
 // ---- memory.cpp -------------------------------------------------------------------------
 // The span of a view, 1 + Σ (shape_i − 1)·stride_i elements, must fit int64 in elements

@@ -80,6 +80,33 @@ struct BwdParams : AttnParams {
   bool deterministic = false;
 };
 
+// forward_kvcache on a device (src/api/kvcache.cpp): q's rows attend to each sequence's
+// cache rows [0, L_b) after seqlen_new new rows are written at cache_seqlens[b]. AttnParams'
+// k and v are the caches, k/v_batch_stride the stride between caches (or pages), seqlen_k
+// the rows a sequence's cache holds (seqlen_cache, or max_pages·page_size); varlen and
+// dropout are off. The int32 tables live on the device, where the host cannot read them, so
+// the kernels clamp every value they read before they use it (a bad table gives wrong rows,
+// never an access outside the tensors):
+//   c_b = cache_seqlens[b] clamped to [0, seqlen_k - seqlen_new] (absent: seqlen_k - seqlen_new);
+//   L_b = c_b + seqlen_new;
+//   the cache of sequence b: cache_batch_idx[b] clamped to [0, cache_rows) (absent: b);
+//   page j of sequence b: block_table[b][j] clamped to [0, cache_rows).
+struct KvCacheParams : AttnParams {
+  const void* k_new = nullptr;  // [batch, seqlen_new, heads_kv, head_dim]; null: no append
+  const void* v_new = nullptr;
+  int64_t kn_batch_stride = 0, kn_row_stride = 0, kn_head_stride = 0;
+  int64_t vn_batch_stride = 0, vn_row_stride = 0, vn_head_stride = 0;
+  int seqlen_new = 0;
+  const int32_t* cache_seqlens = nullptr;    // [batch], element b at b·cache_seqlens_stride
+  const int32_t* cache_batch_idx = nullptr;  // [batch], element b at b·cache_batch_idx_stride
+  int64_t cache_seqlens_stride = 0, cache_batch_idx_stride = 0;
+  const int32_t* block_table = nullptr;      // [batch, max_pages]; non-null: paged
+  int64_t block_table_batch_stride = 0, block_table_page_stride = 0;
+  int page_size = 0;   // paged: rows per page
+  int cache_rows = 0;  // batch_cache, or num_pages
+  int num_splits = 0;  // 0: the kernel picks; else the caller's
+};
+
 // Sequence bounds of batch entry b, read on the host (CPU kernels only: GPU kernels read
 // cu_seqlens on the device with the same formulas).
 struct SeqBounds {

@@ -12,7 +12,7 @@
 namespace flashlab {
 
 struct KernelEntry {
-  KernelInfo info;  // has_forward / has_backward are filled in by the registry from run_*
+  KernelInfo info;  // has_forward / has_backward / has_kvcache: filled in by the registry from run_*
   // Higher wins when the caller asks for "auto"; 0 = never chosen automatically.
   int auto_priority = 0;
 
@@ -24,6 +24,11 @@ struct KernelEntry {
   std::string (*supports_bwd)(const BwdParams& p) = nullptr;
   size_t (*workspace_bwd)(const BwdParams& p) = nullptr;
   Status (*run_bwd)(const BwdParams& p) = nullptr;
+
+  // forward_kvcache on the kernel's device (CPU calls compose forward() instead).
+  std::string (*supports_kv)(const KvCacheParams& p) = nullptr;
+  size_t (*workspace_kv)(const KvCacheParams& p) = nullptr;
+  Status (*run_kv)(const KvCacheParams& p) = nullptr;
 };
 
 // Every entry of src/kernel_list.h, in its order.

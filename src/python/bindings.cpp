@@ -151,6 +151,7 @@ struct Options {
   nb::object workspace = nb::none();
   int num_threads = 0;
   bool check_inputs = false;
+  int num_splits = 0;  // forward_kvcache only
 };
 
 int options_traverse(PyObject* self, visitproc visit, void* arg) {
@@ -269,6 +270,7 @@ size_t forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb:
   a.maybe_block_table = view(block_table, "block_table", &keep);
   a.out = view(out, "out", &keep);
   a.maybe_lse = view(lse, "lse", &keep);
+  a.num_splits = o.num_splits;
   return size_or_run(a, size_only, flashlab::forward_kvcache);
 }
 
@@ -297,7 +299,8 @@ NB_MODULE(_flashlab, m) {
       .def_rw("stream", &Options::stream)
       .def_rw("workspace", &Options::workspace, nb::for_setter(nb::arg("value").none()))
       .def_rw("num_threads", &Options::num_threads)
-      .def_rw("check_inputs", &Options::check_inputs);
+      .def_rw("check_inputs", &Options::check_inputs)
+      .def_rw("num_splits", &Options::num_splits);
 
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("options"), nb::arg("size_only") = false);
@@ -317,6 +320,7 @@ NB_MODULE(_flashlab, m) {
       d["summary"] = std::string(k.summary);
       d["forward"] = k.has_forward;
       d["backward"] = k.has_backward;
+      d["kvcache"] = k.has_kvcache;
       out.append(d);
     }
     return out;

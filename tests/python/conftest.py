@@ -89,6 +89,8 @@ def rng(request):
 
 @pytest.fixture(autouse=True)
 def _seed_torch(request):
-    """torch's generators (CPU and every CUDA device) seeded the same way, when torch is loaded."""
+    """torch's generators (CPU and every CUDA device) seeded the same way, when torch is loaded.
+    The seed is reduced below 2^63, which torch takes (FLASHLAB_TEST_SEED may be any uint64,
+    as the C++ tests take)."""
     if "torch" in sys.modules:
-        sys.modules["torch"].manual_seed((SEED << 32) ^ _test_seed(request))
+        sys.modules["torch"].manual_seed(((SEED << 32) ^ _test_seed(request)) % 2**63)

@@ -213,7 +213,6 @@ def _small(rng, **kw):
 @pytest.mark.parametrize("arg,value,words", [
     ("cache_leftpad", "seqlens", "cache_leftpad"),
     ("alibi_slopes", np.ones((4,), np.float32), "alibi_slopes"),
-    ("num_splits", 2, "num_splits"),
 ])
 def test_unsupported_arguments_are_refused_by_name(rng, arg, value, words):
     kw, p = _small(rng, seqlen_new=2)
@@ -222,6 +221,16 @@ def test_unsupported_arguments_are_refused_by_name(rng, arg, value, words):
     with pytest.raises(ValueError, match=f"{words}.*not supported yet"):
         flashlab.flash_attn_with_kvcache(**kw)
     assert np.array_equal(p.k_cache, before)
+
+
+def test_num_splits_must_be_non_negative(rng):
+    kw, p = _small(rng, seqlen_new=2)
+    before = p.k_cache.copy()
+    with pytest.raises(ValueError, match="num_splits must be >= 0"):
+        flashlab.flash_attn_with_kvcache(**kw, num_splits=-1)
+    assert np.array_equal(p.k_cache, before)
+    out = flashlab.flash_attn_with_kvcache(**kw, num_splits=3)  # the CPU path ignores it
+    assert out.shape == p.q.shape
 
 
 def test_rotary_needs_new_rows_and_both_tables(rng):

@@ -7,6 +7,7 @@
 // Structure: fwd_traits.h, bwd_traits.h (every compile-time choice); fwd_kernel.cuh,
 // bwd_kernel.cuh (the layers wired into kernels, and their launch); docs/sm80/fwd.md and
 // docs/sm80/bwd.md (the traits tables and numbers).
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -16,6 +17,7 @@
 #include "cuda/refusals.h"
 #include "cuda/sm80/bwd_instance.h"
 #include "cuda/sm80/fwd_instance.h"
+#include "cuda/sm80/kv_instance.h"
 
 namespace flashlab::sm80 {
 namespace {
@@ -24,7 +26,8 @@ namespace {
 constexpr char kSummary[] =
     "CuTe FlashAttention-2 (sm80 path): TiledMMA m16n8k16, cp.async, swizzled smem, ldmatrix; "
     "forward with P in registers, backward with dQ in fp32 atomics (deterministic on request); "
-    "fp16/bf16, head dim 64/96/128/192/256, causal, window, softcap, GQA/MQA, varlen, LSE, dropout";
+    "fp16/bf16, head dim 64/96/128/192/256, causal, window, softcap, GQA/MQA, varlen, LSE, dropout; "
+    "KV cache: split-KV with GQA packing, paged or contiguous, append";
 
 // One instantiation's entry points (fwd_instance.h, bwd_instance.h): the two structs are
 // alike because the passes' instances are; each pass has its own signatures.
@@ -49,6 +52,19 @@ struct BwdEntries {
   static constexpr BwdEntries of() {
     using I = BwdInstance<kDtype, kHeadDim>;
     return {&I::run, &I::workspace_bytes, &I::kernel, &I::smem_bytes};
+  }
+};
+struct KvEntries {
+  Status (*run)(const KvCacheParams&, int);
+  const void* (*kernel)();
+  int (*smem_bytes)();
+  int (*block_m)();
+  int (*block_n)();
+
+  template <DType kDtype, int kHeadDim>
+  static constexpr KvEntries of() {
+    using I = KvInstance<kDtype, kHeadDim>;
+    return {&I::run, &I::kernel, &I::smem_bytes, &I::block_m, &I::block_n};
   }
 };
 
@@ -120,16 +136,86 @@ Status run_bwd(const BwdParams& p) {
   return entries_for<BwdEntries>(p).run(p);
 }
 
+// ---- KV cache (kv_kernel.cuh) ---------------------------------------------------------------
+std::string supports_kv(const KvCacheParams& p) {
+  FL_REFUSE_IF(refuse_common(p));
+  if (p.scale < 0.f && p.mask.softcap <= 0.f)
+    return "softmax_scale must be >= 0 without softcap, got " + std::to_string(p.scale);
+  const KvEntries in = entries_for<KvEntries>(p);
+  if (int64_t(p.batch) * p.heads_kv > INT32_MAX) return "batch·heads_kv must be < 2^31 (grid x)";
+  if ((int64_t(p.seqlen_q) * p.group + in.block_m() - 1) / in.block_m() > 65535)
+    return "seqlen_q·heads_q/heads_kv must be <= " + std::to_string(65535 * in.block_m()) +
+           " (grid z of 64-row blocks)";
+  return cuda::device_supports(p.device_index, in.smem_bytes(), in.kernel());
+}
+
+// The most splits of a sequence's keys (the combine reads each row's splits in one warp loop).
+constexpr int kMaxSplits = 128;
+
+// How many splits the keys of each (sequence, KV head, row block) get: the caller's
+// num_splits (at most kMaxSplits and the cache's key tiles), or with 0 the fewest that keep
+// the SMs about as busy as any count would: the CTAs of s splits fill
+// ceil(ctas·s / slots) waves of `slots` = SMs × resident CTAs per SM, and s is the smallest
+// count whose last wave is at least 85% as full as the best count's (FlashAttention-2's rule).
+int kv_splits(const KvCacheParams& p) {
+  const KvEntries in = entries_for<KvEntries>(p);
+  const int n_tiles = std::max(1, (p.seqlen_k + in.block_n() - 1) / in.block_n());
+  const int most = std::min(kMaxSplits, n_tiles);
+  if (p.num_splits > 0) return std::min(p.num_splits, most);
+  int sms = 0, resident = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index) != cudaSuccess ||
+      cudaFuncSetAttribute(in.kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           in.smem_bytes()) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, in.kernel(), 128,
+                                                    size_t(in.smem_bytes())) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  const int64_t slots = int64_t(std::max(sms, 1)) * std::max(resident, 1);
+  const int64_t ctas = int64_t(p.batch) * p.heads_kv *
+                       ((int64_t(p.seqlen_q) * p.group + in.block_m() - 1) / in.block_m());
+  if (ctas * 5 >= slots * 4) return 1;  // 80% of a wave already
+  auto fill = [&](int s) {
+    const int64_t work = ctas * s, waves = (work + slots - 1) / slots;
+    return double(work) / double(waves * slots);
+  };
+  double best = 0.;
+  for (int s = 1; s <= most; ++s) best = std::max(best, fill(s));
+  for (int s = 1; s <= most; ++s)
+    if (fill(s) >= 0.85 * best) return s;
+  return 1;
+}
+
+// Split-KV's partial O and LSE per split and row (kv_kernel.cuh); none with one split.
+size_t workspace_kv(const KvCacheParams& p) {
+  const int splits = kv_splits(p);
+  if (splits == 1) return 0;
+  return size_t(splits) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q) *
+         size_t(p.head_dim_v + 1) * sizeof(float);
+}
+
+Status run_kv(const KvCacheParams& p) {
+  if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
+    return {StatusCode::kInvalidArgument,
+            "cute_fa2's KV-cache forward needs a 16-byte aligned workspace (fp32 partials)"};
+  cuda::DeviceGuard guard(p.device_index);
+  return entries_for<KvEntries>(p).run(p, kv_splits(p));
+}
+
 }  // namespace
 
 // auto's GPU forward and backward: above fa2_mma (30) and fa2_simt_bwd (20). Both passes
 // take dropout: the forward applies common/dropout.h's Philox mask per fragment, the
 // backward regenerates it.
+// forward_kvcache on CUDA tensors is this entry's too (the only kernel with that pass).
 KernelEntry cute_fa2_entry() {
-  return {.info = {.name = "cute_fa2", .arch = "sm80+", .summary = kSummary,
-                   .forward_dropout = true, .backward_dropout = true},
-          .auto_priority = 40, .supports_fwd = supports_fwd, .run_fwd = run_fwd,
-          .supports_bwd = supports_bwd, .workspace_bwd = workspace_bwd, .run_bwd = run_bwd};
+  KernelEntry e{.info = {.name = "cute_fa2", .arch = "sm80+", .summary = kSummary,
+                         .forward_dropout = true, .backward_dropout = true},
+                .auto_priority = 40};
+  e.supports_fwd = supports_fwd, e.run_fwd = run_fwd;
+  e.supports_bwd = supports_bwd, e.workspace_bwd = workspace_bwd, e.run_bwd = run_bwd;
+  e.supports_kv = supports_kv, e.workspace_kv = workspace_kv, e.run_kv = run_kv;
+  return e;
 }
 
 }  // namespace flashlab::sm80

@@ -1,0 +1,420 @@
+// cute_fa2's KV-cache forward (flash-decoding): attention of a few query rows against a long
+// cache, where the work is reading K and V and the tensor cores idle. Three kernels on one
+// stream:
+//   append    the new rows k_new/v_new written into the cache at cache_seqlens[b];
+//   split-KV  one CTA per (sequence, KV head, split of the keys, block of packed rows): the
+//             softmax of its rows over its share of the keys, written as a partial O (fp32,
+//             normalized) and its LSE; with one split, O and LSE directly;
+//   combine   the splits merged per row: LSE = log Σ_s e^LSE_s, O = Σ_s e^(LSE_s − LSE) O_s
+//             (docs/flash-decoding.md derives it).
+//
+// GQA packing: the g = heads_q / heads_kv query heads that share a KV head are one CTA's rows,
+// packed row r = i·g + j for query i and head j of the group, so K and V are read once per
+// KV head instead of once per query head. A decode step (one query, GQA 32:8) is 4 rows of
+// a 64-row block; the MMAs are 16x wider than needed, which costs nothing while the loads
+// are the bound.
+//
+// Loads: a ring of (K, V) tiles in shared memory (KvConfig::kStages), filled by cp.async
+// with one address per cache row; the tiles after the one in the MMAs are in flight while
+// they run. A paged cache costs one block_table read per tile where pages hold whole tiles,
+// else one per row. Every table value is clamped before use (KvCacheParams, common/params.h).
+//
+// The MMA side is the forward's (fwd_kernel.cuh): S = Q Kᵀ from shared memory (gemm_ss), the
+// online softmax in exp2 units, P in registers as O += P V's A operand (gemm_pv).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "common/constants.h"
+#include "common/params.h"
+#include "cuda/common.cuh"
+#include "cuda/cute_common.cuh"
+#include "cuda/sm80/collective_common.cuh"
+#include "cuda/sm80/fwd_mainloop.cuh"
+#include "cuda/sm80/fwd_softmax.cuh"
+#include "cuda/sm80/fwd_traits.h"
+#include "cuda/sm80/kv_instance.h"
+
+namespace flashlab::sm80 {
+
+using namespace cute;
+
+// Tiles: 64 packed rows on 4 warps (16 rows each), 64 keys per tile (32 past head dim 128),
+// and shared memory for Q plus a ring of kStages (K, V) tiles, so that kStages − 1 tiles are
+// in flight while the MMAs read one:
+//   hdim  BLK_N  stages  smem (Q + stages·(K + V))  CTAs/SM (H100, by smem)
+//     64    64     3       8 + 48  = 56 KiB           4
+//    128    64     3      16 + 96  = 112 KiB          2
+//    256    32     2      32 + 64  = 96 KiB           2
+template <DType kDtype, int kHeadDim>
+struct KvConfig {
+  static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;
+  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+  static constexpr int kMinBlocksPerSm = kHeadDim <= 64 ? 4 : 2;
+  using Traits =
+      FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, 64, kBlockN, 4, kMinBlocksPerSm>;
+  static constexpr int kSmemBytes = Traits::kSmemQBytes + kStages * 2 * Traits::kSmemKVBytes;
+};
+
+// ---- the cache, read through clamped tables ----------------------------------------------
+struct CacheSeq {
+  int cached;  // c_b: rows already in the cache, where the new ones go
+  int len;     // L_b = c_b + seqlen_new: the rows attended to
+  int row;     // the cache's batch_cache row (contiguous caches)
+};
+
+__device__ __forceinline__ int clamp_to(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+__device__ __forceinline__ CacheSeq cache_seq(const KvCacheParams& p, int b) {
+  const int room = p.seqlen_k - p.seqlen_new;
+  const int c = p.cache_seqlens ? clamp_to(p.cache_seqlens[b * p.cache_seqlens_stride], 0, room) : room;
+  const int row = p.cache_batch_idx
+                      ? clamp_to(p.cache_batch_idx[b * p.cache_batch_idx_stride], 0, p.cache_rows - 1)
+                      : b;
+  return {c, c + p.seqlen_new, row};
+}
+
+// The page that holds cache row `pos` of sequence b (paged caches).
+__device__ __forceinline__ int64_t page_of(const KvCacheParams& p, int b, int pos) {
+  return clamp_to(p.block_table[b * p.block_table_batch_stride + (pos / p.page_size) * p.block_table_page_stride],
+                  0, p.cache_rows - 1);
+}
+
+// Element offset of cache row `pos` (< seqlen_k) of sequence b, head 0, in a cache with these
+// batch (or page) and row strides.
+__device__ __forceinline__ int64_t cache_offset(const KvCacheParams& p, const CacheSeq& s, int b,
+                                                int pos, int64_t batch_stride, int64_t row_stride) {
+  if (p.block_table)
+    return page_of(p, b, pos) * batch_stride + int64_t(pos % p.page_size) * row_stride;
+  return s.row * batch_stride + int64_t(pos) * row_stride;
+}
+
+// ---- append ------------------------------------------------------------------------------
+// grid (seqlen_new, heads_kv, batch): row t of k_new/v_new → cache row c_b + t.
+template <class Element>
+__global__ void kv_append_kernel(const __grid_constant__ KvCacheParams p) {
+  const int t = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const CacheSeq s = cache_seq(p, b);
+  const int pos = s.cached + t;
+  Element* k = static_cast<Element*>(const_cast<void*>(p.k)) + hk * p.k_head_stride +
+               cache_offset(p, s, b, pos, p.k_batch_stride, p.k_row_stride);
+  Element* v = static_cast<Element*>(const_cast<void*>(p.v)) + hk * p.v_head_stride +
+               cache_offset(p, s, b, pos, p.v_batch_stride, p.v_row_stride);
+  const Element* kn = static_cast<const Element*>(p.k_new) + b * p.kn_batch_stride +
+                      t * p.kn_row_stride + hk * p.kn_head_stride;
+  const Element* vn = static_cast<const Element*>(p.v_new) + b * p.vn_batch_stride +
+                      t * p.vn_row_stride + hk * p.vn_head_stride;
+  for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) k[d] = kn[d];
+  for (int d = threadIdx.x; d < p.head_dim_v; d += blockDim.x) v[d] = vn[d];
+}
+
+// ---- split-KV ----------------------------------------------------------------------------
+// cp.async of one 16-byte chunk, global → shared, cached in L2 only.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
+               "l"(gmem));
+}
+
+// The rows of a tile, global → shared: dst (CPY, CPY_ROWS, CPY_COLS) is this thread's
+// partition of the smem tile and coord the same partition of the tile's identity tensor;
+// row_ptr(row) gives a row's first element in global memory, or nullptr for a row past the
+// data, which is zero-filled (zeros, not garbage, so that P·V never meets 0·NaN).
+template <class Dst, class Coord, class RowPtr>
+__device__ __forceinline__ void load_rows(Dst&& dst, Coord const& coord, RowPtr const& row_ptr) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(dst); ++m) {
+    const auto* src = row_ptr(get<0>(coord(0, m, 0)));
+    CUTE_UNROLL
+    for (int d = 0; d < size<2>(dst); ++d) {
+      void* chunk = &dst(0, m, d);
+      if (src != nullptr)
+        cp_async_16(chunk, src + get<1>(coord(0, m, d)));
+      else
+        *static_cast<uint4*>(chunk) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// The mask on a tile of packed rows: s and coords are (rows, cols) views of the scores and
+// of the tile's identity tensor; packed row r0 + r is query (r0 + r) / g.
+template <class S, class C>
+__device__ __forceinline__ void mask_packed(S& s, C const& coords, const MaskPolicy& mask, int r0,
+                                            int g, int j0, int len_q, int len_k) {
+  CUTE_UNROLL
+  for (int r = 0; r < size<0>(s); ++r) {
+    const int i = (r0 + get<0>(coords(r, 0))) / g;
+    const int lo = mask.key_begin(i, len_q, len_k) - j0;
+    const int hi = mask.key_end(i, len_q, len_k) - j0;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(s); ++c) {
+      const int j = get<1>(coords(r, c));
+      if (j < lo || j >= hi) s(r, c) = -INFINITY;
+    }
+  }
+}
+
+// The partials of split-KV (workspace): O [splits, rows_all, head_dim_v] and LSE
+// [splits, rows_all], rows_all = batch·heads_q·seqlen_q, row (b, h, i) at (b·heads_q + h)·seqlen_q + i.
+__host__ __device__ __forceinline__ int64_t kv_rows_all(const KvCacheParams& p) {
+  return int64_t(p.batch) * p.heads_q * p.seqlen_q;
+}
+__host__ __device__ __forceinline__ float* kv_lse_partial(const KvCacheParams& p, int splits) {
+  return static_cast<float*>(p.workspace) + splits * kv_rows_all(p) * p.head_dim_v;
+}
+
+// grid (batch·heads_kv, splits, row blocks), Tr::kNThreads threads.
+template <class Tr, int kStages>
+__global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
+    kv_kernel(const __grid_constant__ KvCacheParams p, int splits) {
+  using Element = typename Tr::Element;
+  using BlkM = typename Tr::BlkM;
+  using BlkN = typename Tr::BlkN;
+  using HeadDim = typename Tr::HeadDim;
+  constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kHeadDim = Tr::kHeadDim;
+
+  const int b = blockIdx.x / p.heads_kv, hk = blockIdx.x % p.heads_kv, split = blockIdx.y;
+  const int g = p.group, len_q = p.seqlen_q;
+  const int r0 = blockIdx.z * kBlockM;                     // first packed row
+  const int rows = min(kBlockM, len_q * g - r0);           // packed rows that exist
+  const CacheSeq seq = cache_seq(p, b);
+  const int len_k = seq.len;
+  const MaskPolicy mask = p.mask;
+  const int tid = int(threadIdx.x);
+
+  // The key tiles some row of this block sees, and this split's share of them.
+  const int i_lo = r0 / g, i_hi = (r0 + rows - 1) / g + 1;
+  const int kb = mask.block_key_begin(i_lo, i_hi, len_q, len_k);
+  const int ke = mask.block_key_end(i_lo, i_hi, len_q, len_k);
+  const int nb0 = kb / kBlockN, nb1 = ke > kb ? (ke + kBlockN - 1) / kBlockN : nb0;
+  const int per_split = (nb1 - nb0 + splits - 1) / splits;
+  const int n_begin = min(nb0 + split * per_split, nb1), n_end = min(n_begin + per_split, nb1);
+
+  // ---- shared tensors: Q, then kStages stages of (K, V) ----
+  extern __shared__ __align__(128) unsigned char smem[];
+  Element* smem_q = reinterpret_cast<Element*>(smem);
+  auto smem_k = [&](int st) {
+    return reinterpret_cast<Element*>(smem + Tr::kSmemQBytes + st * 2 * Tr::kSmemKVBytes);
+  };
+  auto smem_v = [&](int st) { return smem_k(st) + Tr::kSmemKVBytes / int(sizeof(Element)); };
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Tr::SmemLayoutQ{});  // (BLK_M, D)
+  auto sK = [&](int st) { return make_tensor(make_smem_ptr(smem_k(st)), typename Tr::SmemLayoutKV{}); };
+  auto sVt = [&](int st) { return make_tensor(make_smem_ptr(smem_v(st)), typename Tr::SmemLayoutVt{}); };
+  Tensor sVtNoSwizzle =
+      make_tensor(make_smem_ptr(smem_v(0)), typename Tr::SmemLayoutVtNoSwizzle{});  // (D, BLK_N)
+
+  // ---- global → shared: Q's packed rows and the cache's rows, one address per row ----
+  typename Tr::GmemTiledCopyQKV gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  Tensor tQsQ = gmem_thr.partition_D(sQ);                                                // (CPY, CPY_M, CPY_D)
+  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(Shape<BlkM, HeadDim>{}));     // (CPY, CPY_M, CPY_D)
+  Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(Shape<BlkN, HeadDim>{}));  // (CPY, CPY_N, CPY_D)
+  const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride;
+  const Element* k_cache = static_cast<const Element*>(p.k) + hk * p.k_head_stride;
+  const Element* v_cache = static_cast<const Element*>(p.v) + hk * p.v_head_stride;
+  auto q_row = [&](int row) -> const Element* {
+    if (row >= rows) return nullptr;
+    const int pr = r0 + row;
+    return q + (pr / g) * p.q_row_stride + (hk * g + pr % g) * p.q_head_stride;
+  };
+  // Tile n's rows from the cache into stage st. Where a page holds whole tiles, the tile's
+  // rows are consecutive in one page: one table read per tile instead of one per row.
+  const bool tile_in_page = p.block_table == nullptr || p.page_size % kBlockN == 0;
+  auto load_kv = [&](int n, int st) {
+    const int j0 = n * kBlockN;
+    const int64_t k_base = tile_in_page ? cache_offset(p, seq, b, j0, p.k_batch_stride, p.k_row_stride) : 0;
+    const int64_t v_base = tile_in_page ? cache_offset(p, seq, b, j0, p.v_batch_stride, p.v_row_stride) : 0;
+    auto row_of = [&](const Element* cache, int64_t base, int64_t batch_stride, int64_t row_stride) {
+      return [=, &p, &seq](int row) -> const Element* {
+        const int pos = j0 + row;
+        if (pos >= len_k) return nullptr;
+        return cache + (tile_in_page ? base + row * row_stride
+                                     : cache_offset(p, seq, b, pos, batch_stride, row_stride));
+      };
+    };
+    load_rows(gmem_thr.partition_D(sK(st)), tKVcKV,
+              row_of(k_cache, k_base, p.k_batch_stride, p.k_row_stride));
+    load_rows(gmem_thr.partition_D(make_tensor(make_smem_ptr(smem_v(st)), typename Tr::SmemLayoutKV{})),
+              tKVcKV, row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride));
+  };
+
+  // ---- tensor-core partitions (fwd_kernel.cuh's) ----
+  typename Tr::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);             // (MMA, MMA_M, MMA_D)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK(0));          // (MMA, MMA_N, MMA_D)
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVtNoSwizzle);  // (MMA, MMA_D, MMA_N)
+  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
+  clear(acc_o);
+  auto smem_copy_q = make_tiled_copy_A(typename Tr::SmemCopyAtomQK{}, tiled_mma);
+  auto smem_copy_k = make_tiled_copy_B(typename Tr::SmemCopyAtomQK{}, tiled_mma);
+  auto smem_copy_v = make_tiled_copy_B(typename Tr::SmemCopyAtomVt{}, tiled_mma);
+  Tensor tSsQ = smem_copy_q.get_thread_slice(tid).partition_S(sQ);  // (CPY, CPY_M, CPY_D)
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<BlkM, BlkN>{}));  // (MMA, MMA_M, MMA_N)
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));         // (rows, cols)
+
+  constexpr int kRows = decltype(size<0>(acc_rowcol(acc_o.layout())))::value;
+  OnlineSoftmax<kRows> softmax;
+  const bool softcap = mask.softcap > 0.f;
+  const float scale_log2 = softcap ? mask.softcap * kLog2e : p.scale_log2;
+  const float softcap_pre = softcap ? p.scale / mask.softcap : 0.f;
+
+  // A warp whose 16 rows are all past the block's packed rows (a decode step's 4 rows use
+  // one warp of four) loads its share of every tile and skips the math.
+  const bool warp_has_rows = (tid / 32) * 16 < rows;
+
+  // ---- mainloop: tile n in the MMAs while the next kStages − 1 tiles load ----
+  // Prologue: Q and the first kStages − 1 tiles, one cp.async group each (empty groups
+  // where the split has fewer tiles), so that group i holds tile n_end − 1 − i.
+  if (n_end > n_begin) load_rows(tQsQ, tQcQ, q_row);
+  CUTE_UNROLL
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (n_end - 1 - i >= n_begin) load_kv(n_end - 1 - i, i);
+    cp_async_fence();
+  }
+  int st = 0;
+  for (int n = n_end - 1; n >= n_begin; --n) {
+    cp_async_wait<kStages - 2>();  // tile n (and Q) have landed ...
+    __syncthreads();  // ... for every thread, and every warp is done with the previous stage
+    const int ahead = n - (kStages - 1);
+    if (ahead >= n_begin) load_kv(ahead, st == 0 ? kStages - 1 : st - 1);
+    cp_async_fence();
+
+    const int j0 = n * kBlockN;
+    if (warp_has_rows) {
+      Tensor acc_s = partition_fragment_C(tiled_mma, Shape<BlkM, BlkN>{});  // (MMA, MMA_M, MMA_N)
+      clear(acc_s);
+      Tensor tSsK = smem_copy_k.get_thread_slice(tid).partition_S(sK(st));  // (CPY, CPY_N, CPY_D)
+      gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_copy_k);
+
+      Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (rows, cols)
+      if (softcap) softcap_scores(s, softcap_pre);
+      if (j0 + kBlockN > len_k || !mask.tile_is_full(i_lo, i_hi, j0, j0 + kBlockN, len_q, len_k))
+        mask_packed(s, tScS_rc, mask, r0, g, j0, len_q, len_k);
+
+      Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
+      float rescale[kRows];
+      softmax.update(s, scale_log2, rescale);
+      OnlineSoftmax<kRows>::rescale_o(o, rescale);
+      Tensor tOsVt = smem_copy_v.get_thread_slice(tid).partition_S(sVt(st));  // (CPY, CPY_D, CPY_N)
+      gemm_pv<Element>(tiled_mma, acc_o, acc_s, tOrVt, tOsVt, smem_copy_v);
+    }
+    st = st + 1 == kStages ? 0 : st + 1;
+  }
+
+  // ---- epilogue: normalized O and LSE per packed row, to out or to this split's partials ----
+  Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
+  float lse[kRows];
+  softmax.finish(o, scale_log2, 1.f, lse);
+  Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<BlkM, HeadDim>{}));
+  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (rows, cols)
+  const int64_t rows_all = kv_rows_all(p);
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const int row = get<0>(tOcO_rc(r, 0));
+    if (row >= rows) continue;
+    const int i = (r0 + row) / g, h = hk * g + (r0 + row) % g;
+    const bool lse_lane = get<1>(tOcO_rc(r, 0)) == 0;
+    if (splits == 1) {
+      Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + i * p.o_row_stride +
+                     h * p.o_head_stride;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) out[get<1>(tOcO_rc(r, c))] = Element(o(r, c));
+      if (lse_lane && p.lse != nullptr)
+        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = lse[r];
+    } else {
+      const int64_t prow = split * rows_all + (int64_t(b) * p.heads_q + h) * len_q + i;
+      float* out = static_cast<float*>(p.workspace) + prow * kHeadDim;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o); c += 2)
+        *reinterpret_cast<float2*>(out + get<1>(tOcO_rc(r, c))) = make_float2(o(r, c), o(r, c + 1));
+      if (lse_lane) kv_lse_partial(p, splits)[prow] = lse[r];
+    }
+  }
+}
+
+// ---- combine -----------------------------------------------------------------------------
+// One warp per row (b, h, i) of out: the splits' LSEs merged, then their O's weighted by
+// e^(LSE_s − LSE); a split that saw no key has LSE_s = −inf and weight 0 (its O is not
+// read). grid ceil(rows_all / 4), 128 threads.
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(128) kv_combine_kernel(const __grid_constant__ KvCacheParams p,
+                                                         int splits) {
+  const int64_t rows_all = kv_rows_all(p);
+  const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows_all) return;
+  const float* lse_s = kv_lse_partial(p, splits) + row;
+  float m = -INFINITY;
+  for (int s = lane; s < splits; s += 32) m = fmaxf(m, lse_s[s * rows_all]);
+  for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+  float sum = 0.f;
+  if (m != -INFINITY)
+    for (int s = lane; s < splits; s += 32) sum += __expf(lse_s[s * rows_all] - m);
+  for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+  const float lse = sum > 0.f ? m + __logf(sum) : -INFINITY;
+
+  constexpr int kPerLane = kHeadDim / 32;  // columns lane·kPerLane + e
+  float acc[kPerLane] = {};
+  for (int s = 0; s < splits; ++s) {
+    const float l = lse_s[s * rows_all];
+    if (l == -INFINITY) continue;
+    const float w = __expf(l - lse);
+    const float* o = static_cast<const float*>(p.workspace) + (s * rows_all + row) * kHeadDim;
+    CUTE_UNROLL
+    for (int e = 0; e < kPerLane; ++e) acc[e] += w * o[lane * kPerLane + e];
+  }
+  const int i = int(row % p.seqlen_q), h = int(row / p.seqlen_q % p.heads_q),
+            b = int(row / p.seqlen_q / p.heads_q);
+  Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + i * p.o_row_stride +
+                 h * p.o_head_stride + lane * kPerLane;
+  CUTE_UNROLL
+  for (int e = 0; e < kPerLane; ++e) out[e] = Element(acc[e]);
+  if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = lse;
+}
+
+// ---- launch ------------------------------------------------------------------------------
+template <DType kDtype, int kHeadDim>
+Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
+  using Config = KvConfig<kDtype, kHeadDim>;
+  using Tr = typename Config::Traits;
+  using Element = typename Tr::Element;
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  if (p.k_new != nullptr && p.seqlen_new > 0) {
+    kv_append_kernel<Element><<<dim3(p.seqlen_new, p.heads_kv, p.batch), 128, 0, stream>>>(p);
+    FL_CUDA_CHECK_LAUNCH();
+  }
+  const auto kernel = kv_kernel<Tr, Config::kStages>;
+  if (Config::kSmemBytes > 48 * 1024)
+    FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Config::kSmemBytes));
+  const int row_blocks = (p.seqlen_q * p.group + Tr::kBlockM - 1) / Tr::kBlockM;
+  kernel<<<dim3(p.batch * p.heads_kv, splits, row_blocks), Tr::kNThreads, Config::kSmemBytes,
+           stream>>>(p, splits);
+  FL_CUDA_CHECK_LAUNCH();
+  if (splits > 1) {
+    const int64_t blocks = (kv_rows_all(p) + 3) / 4;
+    kv_combine_kernel<Element, kHeadDim><<<unsigned(blocks), 128, 0, stream>>>(p, splits);
+    FL_CUDA_CHECK_LAUNCH();
+  }
+  return {};
+}
+template <DType kDtype, int kHeadDim>
+const void* KvInstance<kDtype, kHeadDim>::kernel() {
+  using Config = KvConfig<kDtype, kHeadDim>;
+  return reinterpret_cast<const void*>(kv_kernel<typename Config::Traits, Config::kStages>);
+}
+template <DType kDtype, int kHeadDim>
+int KvInstance<kDtype, kHeadDim>::smem_bytes() {
+  return KvConfig<kDtype, kHeadDim>::kSmemBytes;
+}
+template <DType kDtype, int kHeadDim>
+int KvInstance<kDtype, kHeadDim>::block_m() {
+  return KvConfig<kDtype, kHeadDim>::Traits::kBlockM;
+}
+template <DType kDtype, int kHeadDim>
+int KvInstance<kDtype, kHeadDim>::block_n() {
+  return KvConfig<kDtype, kHeadDim>::Traits::kBlockN;
+}
+
+}  // namespace flashlab::sm80

@@ -1,0 +1,108 @@
+// forward_kvcache on CUDA tensors (cute_fa2's split-KV, src/cuda/sm80/kv_kernel.cuh) against
+// the fp64 oracle on the gathered cache (kvcache_check.h says what each case checks): both
+// half dtypes, head dims 64/128/256, GQA 1/4/8, query lengths 1/4/16, contiguous caches
+// (with and without cache_batch_idx) and paged ones of every page size from 16 to 256,
+// append, zero-length caches, causal, windows and softcap, and split counts chosen by the
+// kernel, forced to 1 and forced above the key tiles a sequence has.
+// Then the device tables' clamping: out-of-range cache_seqlens, cache_batch_idx and
+// block_table values give results in bounds (compute-sanitizer memcheck checks the "in
+// bounds" part on these exact-size allocations).
+#include <gtest/gtest.h>
+
+#include "gpu_fixture.h"
+#include "kvcache_check.h"
+
+namespace flashlab::test {
+namespace {
+
+#if FLASHLAB_WITH_CUDA
+constexpr DType kF16 = DType::kF16, kBF16 = DType::kBF16;
+
+std::vector<KvCase> gpu_cases() {
+  std::vector<KvCase> cs;
+  auto add = [&](KvCase c, int head_dim) {
+    c.head_dim = head_dim;
+    cs.push_back(std::move(c));
+    return &cs.back();
+  };
+  // Decode: one query, GQA 32:8 as 8:2, long caches split across CTAs.
+  add({"bf16_d128_decode_gqa4", kBF16, 1, 8, 2, 2048, 0, {2000, 1, 777}}, 128);
+  add({"fp16_d64_decode_mqa8", kF16, 1, 8, 1, 1024, 0, {1000, 513}}, 64);
+  add({"bf16_d256_decode_gqa1", kBF16, 1, 4, 4, 512, 0, {500, 64, 33}}, 256);
+  // Append, speculative and chunked query lengths, causal aligned to the cache's end.
+  add({"bf16_d128_append1_causal_gqa4", kBF16, 1, 8, 2, 1024, 0, {600, 0, 1000}, 1}, 128)->causal = true;
+  add({"fp16_d128_append4_causal_gqa8", kF16, 4, 16, 2, 512, 0, {300, 100}, 4}, 128)->causal = true;
+  add({"bf16_d64_append16_causal_gqa4", kBF16, 16, 8, 2, 640, 0, {500, 17, 0}, 16}, 64)->causal = true;
+  // Paged, every page size, pages shuffled through the pool.
+  add({"bf16_d128_paged16_append1_gqa4", kBF16, 1, 8, 2, 1024, 16, {1000, 15, 300}, 1}, 128);
+  add({"fp16_d128_paged32_gqa8", kF16, 1, 16, 2, 1024, 32, {999, 32}}, 128);
+  add({"bf16_d64_paged64_append4_causal", kBF16, 4, 4, 4, 1024, 64, {700, 64, 1}, 4}, 64)->causal = true;
+  add({"bf16_d128_paged128_append16_causal_gqa4", kBF16, 16, 8, 2, 1024, 128, {900, 128}, 16}, 128)
+      ->causal = true;
+  add({"fp16_d256_paged256_gqa4", kF16, 1, 8, 2, 1024, 256, {1000, 255, 256}}, 256);
+  // Zero-length caches and a permuted cache_batch_idx.
+  add({"bf16_d128_zero_length", kBF16, 1, 8, 2, 512, 0, {0, 300, 0}}, 128);
+  add({"fp16_d128_paged16_zero_length_append", kF16, 4, 8, 2, 256, 16, {0, 80}, 4}, 128);
+  add({"bf16_d128_permuted_append2", kBF16, 2, 8, 2, 512, 0, {10, 500, 90}, 2, true}, 128);
+  // Windows and softcap.
+  auto* w = add({"bf16_d128_window_softcap_gqa4", kBF16, 4, 8, 2, 1024, 64, {1000, 200, 64}, 4}, 128);
+  w->window_left = 100, w->window_right = 0, w->softcap = 30.f;
+  auto* w2 = add({"fp16_d64_window_both_sq16", kF16, 16, 8, 8, 768, 0, {700, 40}, 0, true}, 64);
+  w2->window_left = 50, w2->window_right = 7;
+  // Split counts: one, and more than the shortest sequence has key tiles (empty splits).
+  add({"bf16_d128_one_split", kBF16, 1, 8, 2, 2048, 0, {2000, 700}}, 128)->num_splits = 1;
+  add({"bf16_d128_many_splits", kBF16, 4, 8, 2, 2048, 32, {2000, 70, 0}, 4}, 128)->num_splits = 40;
+  return cs;
+}
+#endif  // FLASHLAB_WITH_CUDA
+
+class KvCacheGpuTest : public GpuParamTest<std::string> {};
+
+TEST_P(KvCacheGpuTest, MatchesOracleOnTheGatheredCache) {
+#if FLASHLAB_WITH_CUDA
+  for (const KvCase& c : gpu_cases()) {
+    DevicePlacement device;  // one per case: a placement maps each host tensor once
+    check_kvcache_case(GetParam(), c, device);
+  }
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, KvCacheGpuTest, ::testing::Values("auto", "cute_fa2"));
+
+// Device tables are clamped, never trusted: each bad value still gives a call that
+// succeeds and writes every out element (which rows it read is unspecified), and the
+// caches outside the clamped rows keep their bytes.
+class KvCacheClampTest : public GpuTest {};
+
+TEST_F(KvCacheClampTest, BadTablesStayInBounds) {
+#if FLASHLAB_WITH_CUDA
+  KvCase c{"clamp", kBF16, 1, 8, 2, 256, 64, {100, 200}, 1};
+  c.head_dim = 128;
+  for (int variant = 0; variant < 4; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    std::mt19937_64 rng = rng_for("kvcache clamp");
+    KvCall k = make_call(variant == 3 ? KvCase{"clamp_contiguous", kBF16, 1, 8, 2, 256, 0, {100, 200}, 1,
+                                               true, false, -1, -1, 0.f, 128}
+                                      : c,
+                         rng);
+    if (variant == 0) k.seqlens.assign({-5, 1 << 30});             // below 0, past the cache
+    if (variant == 1) k.block_table.assign(std::vector<double>(8, 1e9));  // pages past the pool
+    if (variant == 2) k.block_table.assign(std::vector<double>(8, -7));   // negative pages
+    if (variant == 3) k.batch_idx.assign({-1, 99});                // cache rows outside the cache
+    DevicePlacement device;
+    KvCacheArgs a = k.args("cute_fa2", device);
+    size_t bytes = 0;
+    ASSERT_OK(workspace_size(a, &bytes));
+    a.workspace = device.scratch(bytes);
+    a.workspace_bytes = bytes;
+    ASSERT_OK(forward_kvcache(a));
+    ASSERT_TRUE(device.fetch(k.out) && device.fetch(k.lse) && device.fetch(k.k_cache) && device.ok());
+    EXPECT_TRUE(k.out.padding_untouched("out"));
+    EXPECT_TRUE(k.lse.padding_untouched("lse"));
+    EXPECT_TRUE(k.k_cache.padding_untouched("k_cache"));
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace flashlab::test

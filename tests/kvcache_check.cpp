@@ -1,0 +1,207 @@
+// forward_kvcache's checks against the oracle (kvcache_check.h).
+#include "kvcache_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace flashlab::test {
+
+KvCacheArgs KvCall::args(std::string_view kernel) const {
+  KvCacheArgs a;
+  a.kernel = kernel;
+  a.q = q.view(), a.k_cache = k_cache.view(), a.v_cache = v_cache.view();
+  a.maybe_k_new = k_new.view(), a.maybe_v_new = v_new.view();
+  a.maybe_cache_seqlens = seqlens.view(), a.maybe_cache_batch_idx = batch_idx.view();
+  a.maybe_block_table = block_table.view();
+  a.out = out.view(), a.maybe_lse = lse.view();
+  return a;
+}
+
+KvCacheArgs KvCall::args(std::string_view kernel, Placement& pl) const {
+  KvCacheArgs a;
+  a.kernel = kernel;
+  a.stream = pl.stream();
+  a.q = pl.place(q), a.k_cache = pl.place(k_cache), a.v_cache = pl.place(v_cache);
+  a.maybe_k_new = pl.place(k_new), a.maybe_v_new = pl.place(v_new);
+  a.maybe_cache_seqlens = pl.place(seqlens), a.maybe_cache_batch_idx = pl.place(batch_idx);
+  a.maybe_block_table = pl.place(block_table);
+  a.out = pl.place(out), a.maybe_lse = pl.place(lse);
+  return a;
+}
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// 0, 1, ..., n - 1 in a random order.
+std::vector<double> shuffled(int64_t n, std::mt19937_64& rng) {
+  std::vector<double> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0.0);
+  std::shuffle(v.begin(), v.end(), rng);
+  return v;
+}
+
+}  // namespace
+
+KvCall make_call(const KvCase& c, std::mt19937_64& rng) {
+  const int B = int(c.cached.size());
+  KvCall k;
+  k.q = HostTensor(c.dtype, {B, c.seqlen_q, c.heads_q, c.head_dim});
+  k.q.fill_random(rng);
+  int64_t rows = B + (c.permuted ? 1 : 0), per_row = c.capacity;
+  if (c.page_size > 0) {
+    const int max_pages = c.capacity / c.page_size;
+    rows = int64_t(B) * max_pages + 3;  // pages no sequence uses stay in the pool
+    per_row = c.page_size;
+    std::vector<double> pages = shuffled(rows, rng);
+    pages.resize(size_t(B) * max_pages);
+    for (int b = 0; b < B; ++b)  // entries past the pages a sequence uses are never read
+      for (int j = 0; j < max_pages; ++j)
+        if (int64_t(j) * c.page_size >= c.cached[b] + c.seqlen_new) pages[b * max_pages + j] = -1;
+    k.block_table = HostTensor(DType::kI32, {B, max_pages});
+    k.block_table.assign(pages);
+  } else if (c.permuted) {
+    std::vector<double> idx = shuffled(rows, rng);
+    idx.resize(B);
+    k.batch_idx = HostTensor(DType::kI32, {B});
+    k.batch_idx.assign(idx);
+  }
+  // Padded head strides, so that the caches' and new rows' strides are not their shapes';
+  // whole 16-byte chunks where the head dim allows (CUDA kernels load 16 bytes at a time).
+  const int64_t pad = c.head_dim % 8 == 0 ? 8 : 3;
+  k.k_cache = HostTensor(c.dtype, {rows, per_row, c.heads_kv, c.head_dim}, {0, pad});
+  k.v_cache = HostTensor(c.dtype, {rows, per_row, c.heads_kv, c.head_dim}, {0, 2 * pad});
+  for (HostTensor* t : {&k.k_cache, &k.v_cache}) {
+    t->poison();  // the padding stays poison: padding_untouched() shows a stray write
+    t->fill_random(rng);
+  }
+  if (c.seqlen_new > 0) {
+    k.k_new = HostTensor(c.dtype, {B, c.seqlen_new, c.heads_kv, c.head_dim}, {1, 0});
+    k.v_new = HostTensor(c.dtype, {B, c.seqlen_new, c.heads_kv, c.head_dim});
+    k.k_new.fill_random(rng);
+    k.v_new.fill_random(rng);
+  }
+  k.seqlens = HostTensor(DType::kI32, {B});
+  k.seqlens.assign(std::vector<double>(c.cached.begin(), c.cached.end()));
+  k.out = HostTensor(c.dtype, {B, c.seqlen_q, c.heads_q, c.head_dim});
+  k.lse = HostTensor(DType::kF32, {B, c.heads_q, c.seqlen_q});
+  k.out.poison();
+  k.lse.poison();
+  return k;
+}
+
+namespace {
+
+// Logical index of row `pos` (head 0, element 0) of sequence b in a cache.
+int64_t cache_index(const KvCall& k, const KvCase& c, int b, int pos) {
+  const int64_t row_elems = int64_t(c.heads_kv) * c.head_dim;
+  if (c.page_size > 0) {
+    const int64_t page = int64_t(k.block_table.get(b * k.block_table.shape()[1] + pos / c.page_size));
+    return (page * c.page_size + pos % c.page_size) * row_elems;
+  }
+  const int64_t r = c.permuted ? int64_t(k.batch_idx.get(b)) : b;
+  return (r * c.capacity + pos) * row_elems;
+}
+
+// The caches as they must be after the call: the new rows written by hand.
+void append_by_hand(const KvCall& k, const KvCase& c, HostTensor* kc, HostTensor* vc) {
+  const int64_t row_elems = int64_t(c.heads_kv) * c.head_dim;
+  for (int b = 0; b < int(c.cached.size()); ++b)
+    for (int t = 0; t < c.seqlen_new; ++t)
+      for (int64_t e = 0; e < row_elems; ++e) {
+        const int64_t dst = cache_index(k, c, b, c.cached[b] + t) + e;
+        const int64_t src = (int64_t(b) * c.seqlen_new + t) * row_elems + e;
+        kc->set(dst, k.k_new.get(src));
+        vc->set(dst, k.v_new.get(src));
+      }
+}
+
+// Sequence b alone: q[b] and rows [0, len) of its expected cache, as a dense problem.
+Inputs sequence_inputs(const KvCall& k, const KvCase& c, const HostTensor& kc, const HostTensor& vc,
+                       int b, int len) {
+  Inputs in;
+  in.q = HostTensor(c.dtype, {1, c.seqlen_q, c.heads_q, c.head_dim});
+  const int64_t q_elems = int64_t(c.seqlen_q) * c.heads_q * c.head_dim;
+  for (int64_t i = 0; i < q_elems; ++i) in.q.set(i, k.q.get(b * q_elems + i));
+  in.k = HostTensor(c.dtype, {1, len, c.heads_kv, c.head_dim});
+  in.v = HostTensor(c.dtype, {1, len, c.heads_kv, c.head_dim});
+  const int64_t row_elems = int64_t(c.heads_kv) * c.head_dim;
+  for (int pos = 0; pos < len; ++pos)
+    for (int64_t e = 0; e < row_elems; ++e) {
+      in.k.set(pos * row_elems + e, kc.get(cache_index(k, c, b, pos) + e));
+      in.v.set(pos * row_elems + e, vc.get(cache_index(k, c, b, pos) + e));
+    }
+  return in;
+}
+
+void append_to(std::vector<double>* all, const std::vector<double>& part) {
+  all->insert(all->end(), part.begin(), part.end());
+}
+
+}  // namespace
+
+void check_kvcache_case(std::string_view kernel, const KvCase& c, Placement& pl) {
+  FLASHLAB_SEED_TRACE();
+  SCOPED_TRACE("case " + c.name);
+  std::mt19937_64 rng = rng_for(std::string(kernel) + "/kvcache/" + c.name);
+  KvCall k = make_call(c, rng);
+  HostTensor want_k = k.k_cache, want_v = k.v_cache;
+  append_by_hand(k, c, &want_k, &want_v);
+  const HostTensor q0 = k.q, kn0 = k.k_new, vn0 = k.v_new, bt0 = k.block_table;
+
+  KvCacheArgs a = k.args(kernel, pl);
+  a.causal = c.causal;
+  a.window_left = c.window_left;
+  a.window_right = c.window_right;
+  a.softcap = c.softcap;
+  a.num_splits = c.num_splits;
+  size_t bytes = 0;
+  ASSERT_OK(workspace_size(a, &bytes));
+  a.workspace = pl.scratch(bytes);
+  a.workspace_bytes = bytes;
+  ASSERT_OK(forward_kvcache(a));
+  for (HostTensor* t : {&k.out, &k.lse, &k.k_cache, &k.v_cache, &k.q, &k.k_new, &k.v_new, &k.block_table})
+    if (t->view().present()) {
+      ASSERT_TRUE(pl.fetch(*t));
+    }
+  ASSERT_TRUE(pl.ok());
+
+  EXPECT_TRUE(k.k_cache.storage() == want_k.storage()) << "k_cache is not the cache plus the new rows";
+  EXPECT_TRUE(k.v_cache.storage() == want_v.storage()) << "v_cache is not the cache plus the new rows";
+  EXPECT_TRUE(k.q.storage() == q0.storage() && k.k_new.storage() == kn0.storage() &&
+              k.v_new.storage() == vn0.storage() && k.block_table.storage() == bt0.storage())
+      << "forward_kvcache wrote an input";
+  EXPECT_TRUE(k.out.written_exactly("out"));
+  EXPECT_TRUE(k.lse.written_exactly("lse"));
+
+  Results oracle, lowp;
+  for (int b = 0; b < int(c.cached.size()); ++b) {
+    const int len = c.cached[b] + c.seqlen_new;
+    if (len == 0) {  // no key: out rows 0, LSE -inf, exactly
+      const std::vector<double> zeros(size_t(c.seqlen_q) * c.heads_q * c.head_dim, 0.0);
+      const std::vector<double> empty(size_t(c.heads_q) * c.seqlen_q, -kInf);
+      for (Results* r : {&oracle, &lowp}) append_to(&r->out, zeros), append_to(&r->lse, empty);
+      continue;
+    }
+    Problem p = dense(c.dtype, 1, c.seqlen_q, len, c.heads_q, c.heads_kv, c.head_dim)
+                    .window(c.window_left, c.window_right)
+                    .cap(c.softcap);
+    p.causal = c.causal;
+    const Inputs in = sequence_inputs(k, c, want_k, want_v, b, len);
+    const Results o = run_reference_fp64(p, in, false), l = run_lowp(p, in, false);
+    append_to(&oracle.out, o.out), append_to(&oracle.lse, o.lse);
+    append_to(&lowp.out, l.out), append_to(&lowp.lse, l.lse);
+  }
+  const std::vector<double> got_out = k.out.to_f64(), got_lse = k.lse.to_f64();
+  ASSERT_EQ(oracle.out.size(), got_out.size());
+  ASSERT_EQ(oracle.lse.size(), got_lse.size());
+  EXPECT_TRUE(within_rule("out", max_abs_err(got_out, oracle.out), max_abs_err(lowp.out, oracle.out),
+                          magnitude_of(oracle.out)));
+  EXPECT_TRUE(within_rule("lse", max_abs_err(got_lse, oracle.lse), max_abs_err(lowp.lse, oracle.lse),
+                          magnitude_of(oracle.lse)));
+}
+
+
+}  // namespace flashlab::test

@@ -1,0 +1,59 @@
+// forward_kvcache against the fp64 oracle on the gathered cache, for any kernel and device
+// (tests/cpu/kvcache_test.cpp, tests/gpu/kvcache_gpu_test.cpp).
+//
+// Each case draws a cache (contiguous, or paged with its pages shuffled through the pool),
+// optional new rows, cache lengths and a query, runs forward_kvcache with the named kernel
+// where the Placement puts the tensors, and checks:
+//   - the cache afterwards equals, byte for byte over its whole storage, a copy of the
+//     cache before with the new rows written at cache_seqlens[b] by hand;
+//   - out and LSE, over all sequences, within docs/DESIGN.md's rule against the oracle
+//     (cpu_reference on fp64 copies) run per sequence on that sequence's rows [0, L_b) of
+//     the expected cache, with the yardstick run on the same rows; a sequence with L_b = 0
+//     must give out rows 0 and LSE -inf;
+//   - every out and LSE element written, nothing around them, and the inputs unchanged.
+#pragma once
+
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernel_check.h"
+#include "test_util.h"
+
+namespace flashlab::test {
+
+struct KvCase {
+  std::string name;
+  DType dtype;
+  int seqlen_q, heads_q, heads_kv;
+  int capacity;             // rows per sequence: seqlen_cache, or max_pages·page_size
+  int page_size;            // 0: contiguous cache
+  std::vector<int> cached;  // cache_seqlens (batch = its size)
+  int seqlen_new = 0;       // 0: no append
+  bool permuted = false;    // contiguous: cache_batch_idx a permutation over batch + 1 rows
+  bool causal = false;
+  int window_left = -1, window_right = -1;
+  float softcap = 0.f;
+  int head_dim = 32;
+  int num_splits = 0;
+};
+
+// The tensors of one case, on the host.
+struct KvCall {
+  HostTensor q, k_cache, v_cache, k_new, v_new, seqlens, batch_idx, block_table, out, lse;
+  std::vector<double> workspace;
+
+  // The call over the host tensors.
+  KvCacheArgs args(std::string_view kernel) const;
+  // The call over the tensors placed by `pl` (absent ones stay absent).
+  KvCacheArgs args(std::string_view kernel, Placement& pl) const;
+};
+
+// Random inputs for case c; out and lse poisoned.
+KvCall make_call(const KvCase& c, std::mt19937_64& rng);
+
+// Runs case c with `kernel` on `pl`'s device and checks everything above.
+void check_kvcache_case(std::string_view kernel, const KvCase& c, Placement& pl);
+
+}  // namespace flashlab::test

@@ -56,7 +56,7 @@ struct BwdEntries {
 };
 struct KvEntries {
   Status (*run)(const KvCacheParams&, int);
-  const void* (*kernel)();
+  const void* (*kernel)(const KvCacheParams&);
   int (*smem_bytes)();
   int (*block_m)();
   int (*block_n)();
@@ -146,7 +146,7 @@ std::string supports_kv(const KvCacheParams& p) {
   if ((int64_t(p.seqlen_q) * p.group + in.block_m() - 1) / in.block_m() > 65535)
     return "seqlen_q·heads_q/heads_kv must be <= " + std::to_string(65535 * in.block_m()) +
            " (grid z of 64-row blocks)";
-  return cuda::device_supports(p.device_index, in.smem_bytes(), in.kernel());
+  return cuda::device_supports(p.device_index, in.smem_bytes(), in.kernel(p));
 }
 
 // The most splits of a sequence's keys (the combine reads each row's splits in one warp loop).
@@ -164,9 +164,9 @@ int kv_splits(const KvCacheParams& p) {
   if (p.num_splits > 0) return std::min(p.num_splits, most);
   int sms = 0, resident = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index) != cudaSuccess ||
-      cudaFuncSetAttribute(in.kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+      cudaFuncSetAttribute(in.kernel(p), cudaFuncAttributeMaxDynamicSharedMemorySize,
                            in.smem_bytes()) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, in.kernel(), 128,
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, in.kernel(p), 128,
                                                     size_t(in.smem_bytes())) != cudaSuccess) {
     cudaGetLastError();
     return 1;

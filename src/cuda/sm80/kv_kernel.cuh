@@ -50,7 +50,7 @@ template <DType kDtype, int kHeadDim>
 struct KvConfig {
   static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;
   static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
-  static constexpr int kMinBlocksPerSm = kHeadDim <= 64 ? 4 : 2;
+  static constexpr int kMinBlocksPerSm = kHeadDim <= 64 ? 3 : 2;
   using Traits =
       FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, 64, kBlockN, 4, kMinBlocksPerSm>;
   static constexpr int kSmemBytes = Traits::kSmemQBytes + kStages * 2 * Traits::kSmemKVBytes;
@@ -163,8 +163,50 @@ __host__ __device__ __forceinline__ float* kv_lse_partial(const KvCacheParams& p
   return static_cast<float*>(p.workspace) + splits * kv_rows_all(p) * p.head_dim_v;
 }
 
-// grid (batch·heads_kv, splits, row blocks), Tr::kNThreads threads.
-template <class Tr, int kStages>
+// Where a CTA's results go: packed row pr of (sequence b, KV head hk) is query pr / g of
+// head hk·g + pr % g; with one split its normalized O goes to out and its LSE to lse, else
+// both to this split's partials.
+template <class Element>
+struct KvOut {
+  const KvCacheParams& p;
+  int b, hk, split, splits;
+
+  __device__ __forceinline__ int64_t partial_row(int pr) const {
+    const int i = pr / p.group, h = hk * p.group + pr % p.group;
+    return split * kv_rows_all(p) + (int64_t(b) * p.heads_q + h) * p.seqlen_q + i;
+  }
+  // Columns col and col + 1 of packed row pr.
+  __device__ __forceinline__ void o2(int pr, int col, float v0, float v1) const {
+    if (splits > 1) {
+      float* o = static_cast<float*>(p.workspace) + partial_row(pr) * p.head_dim_v + col;
+      *reinterpret_cast<float2*>(o) = make_float2(v0, v1);
+      return;
+    }
+    const int i = pr / p.group, h = hk * p.group + pr % p.group;
+    Element* o = static_cast<Element*>(p.out) + b * p.o_batch_stride + i * p.o_row_stride +
+                 h * p.o_head_stride + col;
+    o[0] = Element(v0), o[1] = Element(v1);
+  }
+  __device__ __forceinline__ void lse(int pr, float v) const {
+    if (splits > 1) {
+      kv_lse_partial(p, splits)[partial_row(pr)] = v;
+    } else if (p.lse != nullptr) {
+      const int i = pr / p.group, h = hk * p.group + pr % p.group;
+      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = v;
+    }
+  }
+};
+
+// grid (batch·heads_kv, splits, row blocks), Tr::kNThreads threads. Two ways to spread the
+// MMAs over the 4 warps, picked at launch:
+//   kKeysPerWarp = false: warp w owns packed rows [16w, 16w + 16) of the 64 and all keys of
+//     a tile (the forward's arrangement); warps with no rows skip the math.
+//   kKeysPerWarp = true, for blocks of at most 16 packed rows (a decode step): every warp
+//     owns the 16 rows and a quarter of each tile's keys, with a softmax state of its own,
+//     and the four (max, sum, O) are merged through shared memory at the end, as split-KV
+//     merges splits. On the H100 a decode step's single math warp (the first arrangement)
+//     kept the other warps waiting at the tile barrier for 42% of their cycles.
+template <class Tr, int kStages, bool kKeysPerWarp>
 __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     kv_kernel(const __grid_constant__ KvCacheParams p, int splits) {
   using Element = typename Tr::Element;
@@ -172,6 +214,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   using BlkN = typename Tr::BlkN;
   using HeadDim = typename Tr::HeadDim;
   constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kHeadDim = Tr::kHeadDim;
+  constexpr int kWarps = Tr::kNWarps;
+  static_assert(!kKeysPerWarp || kBlockN == 16 * kWarps, "16 keys per warp and tile");
 
   const int b = blockIdx.x / p.heads_kv, hk = blockIdx.x % p.heads_kv, split = blockIdx.y;
   const int g = p.group, len_q = p.seqlen_q;
@@ -180,7 +224,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   const CacheSeq seq = cache_seq(p, b);
   const int len_k = seq.len;
   const MaskPolicy mask = p.mask;
-  const int tid = int(threadIdx.x);
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const KvOut<Element> out{p, b, hk, split, splits};
 
   // The key tiles some row of this block sees, and this split's share of them.
   const int i_lo = r0 / g, i_hi = (r0 + rows - 1) / g + 1;
@@ -200,8 +245,6 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Tr::SmemLayoutQ{});  // (BLK_M, D)
   auto sK = [&](int st) { return make_tensor(make_smem_ptr(smem_k(st)), typename Tr::SmemLayoutKV{}); };
   auto sVt = [&](int st) { return make_tensor(make_smem_ptr(smem_v(st)), typename Tr::SmemLayoutVt{}); };
-  Tensor sVtNoSwizzle =
-      make_tensor(make_smem_ptr(smem_v(0)), typename Tr::SmemLayoutVtNoSwizzle{});  // (D, BLK_N)
 
   // ---- global → shared: Q's packed rows and the cache's rows, one address per row ----
   typename Tr::GmemTiledCopyQKV gmem_copy;
@@ -238,97 +281,143 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
               tKVcKV, row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride));
   };
 
-  // ---- tensor-core partitions (fwd_kernel.cuh's) ----
-  typename Tr::TiledMma tiled_mma;
-  auto thr_mma = tiled_mma.get_thread_slice(tid);
-  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);             // (MMA, MMA_M, MMA_D)
-  Tensor tSrK = thr_mma.partition_fragment_B(sK(0));          // (MMA, MMA_N, MMA_D)
-  Tensor tOrVt = thr_mma.partition_fragment_B(sVtNoSwizzle);  // (MMA, MMA_D, MMA_N)
-  Tensor acc_o = partition_fragment_C(tiled_mma, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
-  clear(acc_o);
-  auto smem_copy_q = make_tiled_copy_A(typename Tr::SmemCopyAtomQK{}, tiled_mma);
-  auto smem_copy_k = make_tiled_copy_B(typename Tr::SmemCopyAtomQK{}, tiled_mma);
-  auto smem_copy_v = make_tiled_copy_B(typename Tr::SmemCopyAtomVt{}, tiled_mma);
-  Tensor tSsQ = smem_copy_q.get_thread_slice(tid).partition_S(sQ);  // (CPY, CPY_M, CPY_D)
-  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<BlkM, BlkN>{}));  // (MMA, MMA_M, MMA_N)
-  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));         // (rows, cols)
+  // ---- the ring: tile n in the MMAs (math(n, st)) while the next kStages − 1 tiles load ----
+  // Prologue: Q and the first kStages − 1 tiles, one cp.async group each (empty groups
+  // where the split has fewer tiles), so that group i holds tile n_end − 1 − i.
+  auto mainloop = [&](auto&& math) {
+    if (n_end > n_begin) load_rows(tQsQ, tQcQ, q_row);
+    CUTE_UNROLL
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (n_end - 1 - i >= n_begin) load_kv(n_end - 1 - i, i);
+      cp_async_fence();
+    }
+    int st = 0;
+    for (int n = n_end - 1; n >= n_begin; --n) {
+      cp_async_wait<kStages - 2>();  // tile n (and Q) have landed ...
+      __syncthreads();  // ... for every thread, and every warp is done with the previous stage
+      const int ahead = n - (kStages - 1);
+      if (ahead >= n_begin) load_kv(ahead, st == 0 ? kStages - 1 : st - 1);
+      cp_async_fence();
+      math(n, st);
+      st = st + 1 == kStages ? 0 : st + 1;
+    }
+  };
 
-  constexpr int kRows = decltype(size<0>(acc_rowcol(acc_o.layout())))::value;
-  OnlineSoftmax<kRows> softmax;
   const bool softcap = mask.softcap > 0.f;
   const float scale_log2 = softcap ? mask.softcap * kLog2e : p.scale_log2;
   const float softcap_pre = softcap ? p.scale / mask.softcap : 0.f;
 
-  // A warp whose 16 rows are all past the block's packed rows (a decode step's 4 rows use
-  // one warp of four) loads its share of every tile and skips the math.
-  const bool warp_has_rows = (tid / 32) * 16 < rows;
+  // ---- the math: S = Q Kᵀ, mask, online softmax, O += P V on one tile's keys ----
+  //   mma: the warps' TiledMma; sQ_, sK_, sVt_: their views of Q and of stage st's K and Vᵀ;
+  //   keys0: the first key of the view; row_of_warp: packed rows start at r0 + that.
+  using MmaOne = TiledMmaOf<Element, 1, 1>;  // kKeysPerWarp: one warp, 16 rows
+  using Mma = std::conditional_t<kKeysPerWarp, MmaOne, typename Tr::TiledMma>;
+  using RowsM = std::conditional_t<kKeysPerWarp, _16, BlkM>;
+  using KeysN = std::conditional_t<kKeysPerWarp, _16, BlkN>;
+  Mma mma;
+  auto thr_mma = mma.get_thread_slice(kKeysPerWarp ? lane : tid);
+  const int me = kKeysPerWarp ? lane : tid;
+  auto q_view = [&] {
+    if constexpr (kKeysPerWarp) return local_tile(sQ, Shape<_16, HeadDim>{}, make_coord(0, 0));
+    else return sQ;
+  };
+  auto k_view = [&](int st) {  // this warp's keys of stage st: (KeysN, D)
+    if constexpr (kKeysPerWarp) return local_tile(sK(st), Shape<_16, HeadDim>{}, make_coord(warp, 0));
+    else return sK(st);
+  };
+  auto vt_view = [&](int st) {  // (D, KeysN)
+    if constexpr (kKeysPerWarp) return local_tile(sVt(st), Shape<HeadDim, _16>{}, make_coord(0, warp));
+    else return sVt(st);
+  };
+  const int keys0 = kKeysPerWarp ? 16 * warp : 0;
+  Tensor tSrQ = thr_mma.partition_fragment_A(q_view());                  // (MMA, MMA_M, MMA_D)
+  Tensor tSrK = thr_mma.partition_fragment_B(k_view(0));                 // (MMA, MMA_N, MMA_D)
+  Tensor tOrVt = thr_mma.partition_fragment_B(
+      make_tensor(make_smem_ptr(smem_v(0)), make_layout(Shape<HeadDim, KeysN>{})));  // (MMA, MMA_D, MMA_N)
+  Tensor acc_o = partition_fragment_C(mma, Shape<RowsM, HeadDim>{});      // (MMA, MMA_M, MMA_D)
+  clear(acc_o);
+  auto smem_copy_q = make_tiled_copy_A(typename Tr::SmemCopyAtomQK{}, mma);
+  auto smem_copy_k = make_tiled_copy_B(typename Tr::SmemCopyAtomQK{}, mma);
+  auto smem_copy_v = make_tiled_copy_B(typename Tr::SmemCopyAtomVt{}, mma);
+  Tensor tSsQ = smem_copy_q.get_thread_slice(me).partition_S(q_view());  // (CPY, CPY_M, CPY_D)
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<RowsM, KeysN>{}));  // (MMA, MMA_M, MMA_N)
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));         // (rows, cols)
+  constexpr int kRows = decltype(size<0>(acc_rowcol(acc_o.layout())))::value;
+  OnlineSoftmax<kRows> softmax;
+  // A warp whose rows are all past the block's packed rows (a decode step's 4 rows in the
+  // 64-row arrangement) loads its share of every tile and skips the math.
+  const bool warp_has_rows = kKeysPerWarp || warp * 16 < rows;
 
-  // ---- mainloop: tile n in the MMAs while the next kStages − 1 tiles load ----
-  // Prologue: Q and the first kStages − 1 tiles, one cp.async group each (empty groups
-  // where the split has fewer tiles), so that group i holds tile n_end − 1 − i.
-  if (n_end > n_begin) load_rows(tQsQ, tQcQ, q_row);
-  CUTE_UNROLL
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (n_end - 1 - i >= n_begin) load_kv(n_end - 1 - i, i);
-    cp_async_fence();
-  }
-  int st = 0;
-  for (int n = n_end - 1; n >= n_begin; --n) {
-    cp_async_wait<kStages - 2>();  // tile n (and Q) have landed ...
-    __syncthreads();  // ... for every thread, and every warp is done with the previous stage
-    const int ahead = n - (kStages - 1);
-    if (ahead >= n_begin) load_kv(ahead, st == 0 ? kStages - 1 : st - 1);
-    cp_async_fence();
+  mainloop([&](int n, int st) {
+    if (!warp_has_rows) return;
+    const int j0 = n * kBlockN + keys0;
+    Tensor acc_s = partition_fragment_C(mma, Shape<RowsM, KeysN>{});  // (MMA, MMA_M, MMA_N)
+    clear(acc_s);
+    Tensor tSsK = smem_copy_k.get_thread_slice(me).partition_S(k_view(st));  // (CPY, CPY_N, CPY_D)
+    gemm_ss(mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_copy_k);
 
-    const int j0 = n * kBlockN;
-    if (warp_has_rows) {
-      Tensor acc_s = partition_fragment_C(tiled_mma, Shape<BlkM, BlkN>{});  // (MMA, MMA_M, MMA_N)
-      clear(acc_s);
-      Tensor tSsK = smem_copy_k.get_thread_slice(tid).partition_S(sK(st));  // (CPY, CPY_N, CPY_D)
-      gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_copy_k);
+    Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (rows, cols)
+    if (softcap) softcap_scores(s, softcap_pre);
+    if (j0 + KeysN{} > len_k || !mask.tile_is_full(i_lo, i_hi, j0, j0 + KeysN{}, len_q, len_k))
+      mask_packed(s, tScS_rc, mask, r0, g, j0, len_q, len_k);
 
-      Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (rows, cols)
-      if (softcap) softcap_scores(s, softcap_pre);
-      if (j0 + kBlockN > len_k || !mask.tile_is_full(i_lo, i_hi, j0, j0 + kBlockN, len_q, len_k))
-        mask_packed(s, tScS_rc, mask, r0, g, j0, len_q, len_k);
+    Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
+    float rescale[kRows];
+    softmax.update(s, scale_log2, rescale);
+    OnlineSoftmax<kRows>::rescale_o(o, rescale);
+    Tensor tOsVt = smem_copy_v.get_thread_slice(me).partition_S(vt_view(st));  // (CPY, CPY_D, CPY_N)
+    gemm_pv<Element>(mma, acc_o, acc_s, tOrVt, tOsVt, smem_copy_v);
+  });
 
-      Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
-      float rescale[kRows];
-      softmax.update(s, scale_log2, rescale);
-      OnlineSoftmax<kRows>::rescale_o(o, rescale);
-      Tensor tOsVt = smem_copy_v.get_thread_slice(tid).partition_S(sVt(st));  // (CPY, CPY_D, CPY_N)
-      gemm_pv<Element>(tiled_mma, acc_o, acc_s, tOrVt, tOsVt, smem_copy_v);
-    }
-    st = st + 1 == kStages ? 0 : st + 1;
-  }
-
-  // ---- epilogue: normalized O and LSE per packed row, to out or to this split's partials ----
+  // ---- epilogue: normalized O and LSE per packed row ----
   Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
   float lse[kRows];
   softmax.finish(o, scale_log2, 1.f, lse);
-  Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<BlkM, HeadDim>{}));
+  Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<RowsM, HeadDim>{}));
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (rows, cols)
-  const int64_t rows_all = kv_rows_all(p);
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    const int row = get<0>(tOcO_rc(r, 0));
-    if (row >= rows) continue;
-    const int i = (r0 + row) / g, h = hk * g + (r0 + row) % g;
-    const bool lse_lane = get<1>(tOcO_rc(r, 0)) == 0;
-    if (splits == 1) {
-      Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + i * p.o_row_stride +
-                     h * p.o_head_stride;
+  if constexpr (!kKeysPerWarp) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(tOcO_rc(r, 0));
+      if (row >= rows) continue;
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) out[get<1>(tOcO_rc(r, c))] = Element(o(r, c));
-      if (lse_lane && p.lse != nullptr)
-        p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = lse[r];
-    } else {
-      const int64_t prow = split * rows_all + (int64_t(b) * p.heads_q + h) * len_q + i;
-      float* out = static_cast<float*>(p.workspace) + prow * kHeadDim;
+      for (int c = 0; c < size<1>(o); c += 2) out.o2(r0 + row, get<1>(tOcO_rc(r, c)), o(r, c), o(r, c + 1));
+      if (get<1>(tOcO_rc(r, 0)) == 0) out.lse(r0 + row, lse[r]);
+    }
+  } else {
+    // The warps' (LSE, O) through shared memory (the ring's bytes, then merged like splits:
+    // LSE = log Σ_w e^LSE_w, O = Σ_w e^(LSE_w − LSE) O_w, a warp that saw no key left out.
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the ring
+    float* part_o = reinterpret_cast<float*>(smem_k(0));  // [warp][16][D]
+    float* part_lse = reinterpret_cast<float*>(smem_q);   // [warp][16]
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(tOcO_rc(r, 0));
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); c += 2)
-        *reinterpret_cast<float2*>(out + get<1>(tOcO_rc(r, c))) = make_float2(o(r, c), o(r, c + 1));
-      if (lse_lane) kv_lse_partial(p, splits)[prow] = lse[r];
+      for (int c = 0; c < size<1>(o); ++c) part_o[(warp * 16 + row) * kHeadDim + get<1>(tOcO_rc(r, c))] = o(r, c);
+      if (get<1>(tOcO_rc(r, 0)) == 0) part_lse[warp * 16 + row] = lse[r];
+    }
+    __syncthreads();
+    for (int e = 2 * tid; e < rows * kHeadDim; e += 2 * Tr::kNThreads) {
+      const int row = e / kHeadDim, col = e % kHeadDim;
+      float l[kWarps], m = -INFINITY;
+      CUTE_UNROLL
+      for (int w = 0; w < kWarps; ++w) m = fmaxf(m, l[w] = part_lse[w * 16 + row]);
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int w = 0; w < kWarps; ++w) sum += m == -INFINITY ? 0.f : exp2f((l[w] - m) * kLog2e);
+      const float all = sum > 0.f ? m + logf(sum) : -INFINITY;
+      float v0 = 0.f, v1 = 0.f;
+      CUTE_UNROLL
+      for (int w = 0; w < kWarps; ++w) {
+        if (l[w] == -INFINITY) continue;
+        const float weight = exp2f((l[w] - all) * kLog2e);
+        v0 += weight * part_o[(w * 16 + row) * kHeadDim + col];
+        v1 += weight * part_o[(w * 16 + row) * kHeadDim + col + 1];
+      }
+      out.o2(r0 + row, col, v0, v1);
+      if (col == 0) out.lse(r0 + row, all);
     }
   }
 }
@@ -374,6 +463,19 @@ __global__ void __launch_bounds__(128) kv_combine_kernel(const __grid_constant__
 }
 
 // ---- launch ------------------------------------------------------------------------------
+// The kernel for p: keys spread over the warps where a block has at most 16 packed rows
+// and a tile has 16 keys per warp (head dims up to 128), else rows spread over them.
+template <DType kDtype, int kHeadDim>
+const void* kv_kernel_for(const KvCacheParams& p) {
+  using Config = KvConfig<kDtype, kHeadDim>;
+  using Tr = typename Config::Traits;
+  if constexpr (Tr::kBlockN == 16 * Tr::kNWarps) {
+    if (int64_t(p.seqlen_q) * p.group <= 16)
+      return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, true>);
+  }
+  return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, false>);
+}
+
 template <DType kDtype, int kHeadDim>
 Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
   using Config = KvConfig<kDtype, kHeadDim>;
@@ -384,14 +486,15 @@ Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
     kv_append_kernel<Element><<<dim3(p.seqlen_new, p.heads_kv, p.batch), 128, 0, stream>>>(p);
     FL_CUDA_CHECK_LAUNCH();
   }
-  const auto kernel = kv_kernel<Tr, Config::kStages>;
+  const int row_blocks = (p.seqlen_q * p.group + Tr::kBlockM - 1) / Tr::kBlockM;
+  if (row_blocks == 0) return {};  // no query rows: the append was the whole call
+  const void* kernel = kv_kernel_for<kDtype, kHeadDim>(p);
   if (Config::kSmemBytes > 48 * 1024)
     FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Config::kSmemBytes));
-  const int row_blocks = (p.seqlen_q * p.group + Tr::kBlockM - 1) / Tr::kBlockM;
-  kernel<<<dim3(p.batch * p.heads_kv, splits, row_blocks), Tr::kNThreads, Config::kSmemBytes,
-           stream>>>(p, splits);
-  FL_CUDA_CHECK_LAUNCH();
+  void* args[] = {const_cast<KvCacheParams*>(&p), &splits};
+  FL_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(p.batch * p.heads_kv, splits, row_blocks),
+                                 dim3(Tr::kNThreads), args, size_t(Config::kSmemBytes), stream));
   if (splits > 1) {
     const int64_t blocks = (kv_rows_all(p) + 3) / 4;
     kv_combine_kernel<Element, kHeadDim><<<unsigned(blocks), 128, 0, stream>>>(p, splits);
@@ -400,9 +503,8 @@ Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
   return {};
 }
 template <DType kDtype, int kHeadDim>
-const void* KvInstance<kDtype, kHeadDim>::kernel() {
-  using Config = KvConfig<kDtype, kHeadDim>;
-  return reinterpret_cast<const void*>(kv_kernel<typename Config::Traits, Config::kStages>);
+const void* KvInstance<kDtype, kHeadDim>::kernel(const KvCacheParams& p) {
+  return kv_kernel_for<kDtype, kHeadDim>(p);
 }
 template <DType kDtype, int kHeadDim>
 int KvInstance<kDtype, kHeadDim>::smem_bytes() {

@@ -11,6 +11,7 @@
 #include <cutlass/numeric_types.h>
 
 #include <cmath>
+#include <utility>
 
 #include "common/constants.h"
 #include "common/mask.h"
@@ -247,13 +248,70 @@ __device__ __forceinline__ FwdBlock schedule_fwd(const FwdParams& p) {
 // ---- the rows a masked key's NaN or Inf V reached (cuda/nonfinite.cuh) ---------------------
 // After a CuTe forward's mainloop (cute_fa2, cute_fa3), before its epilogue: each row of
 // this thread whose O values are not all finite is summed again from global memory.
-// o: the O accumulator as (rows, cols), each row relative to the softmax's final max
-// (what the epilogue divides by the row's sum); coords: each value's (row, column) in the
-// query block.
-template <class Tr, class O, class C, class S>
-__device__ __forceinline__ void redo_nonfinite_rows(const FwdParams& p, const FwdBlock& blk,
-                                                    O& o, C const& coords, S const& softmax) {
+//
+// The kernel itself holds only the test of O's values and, on the branch where one is not
+// finite, the call to redo_rows with O, the row maxima and the tile's (b, h, m_block).
+// Everything else is recomputed inside that out-of-line call: the block (fwd_block), the
+// rows and columns of this thread's values (coords_of), the tensors' addresses. Built in the
+// kernel from its own copies (the block's lengths and starts, O's identity tensor), those
+// values changed how the compiler laid out the key loop even though they are used only
+// after it: the mask's 64-bit per-row key bounds were recomputed in every key tile instead
+// of once before the loop. SASS instructions of the key loop (nvcc 13 -O3, sm_90a cubin,
+// bf16, plain kernel), with the test and call built in the kernel / as here / with no redo
+// at all: cute_fa3 d64 805 / 736 / 715, d128 2487 (8 bytes spilled) / 2326 / 2323;
+// cute_fa2 d64 1049 / 937 / 937 (the same instructions); cute_fa2 d128 1376 / 1239 / 1518
+// (all three spill at its register limit). What is left at cute_fa3 d64 is ptxas keeping
+// fewer of Q's wgmma descriptors in registers across key tiles.
+
+// Rows r with bit r of `bad` set, summed again (sum_rows_again). v: each row's final max in
+// the softmax's units (kRows values, scaled here into log2 units), then O's values row by
+// row (kRows · kCols); coords_of(): each value's (row, column) in the query block as a
+// (rows, cols) tensor. Returns O's values, those of the rows summed again replaced.
+template <class Tr, int kRows, int kCols, class CoordsOf, class... V>
+__device__ __noinline__ RowsAgain<kRows, kCols> redo_rows(const FwdParams& p, int b, int h,
+                                                         int m_block, CoordsOf coords_of,
+                                                         unsigned bad, V... v) {
+  static_assert(sizeof...(V) == kRows + kRows * kCols);
   using Element = typename Tr::Element;
+  const float in[] = {v...};
+  RowsAgain<kRows, kCols> a;
+  a.bad = bad;
+  const FwdBlock blk = fwd_block<Tr::kBlockM, Tr::kBlockN>(p, b, h, m_block);
+  const auto coords = coords_of();
+  const float scale_log2 = score_scale_log2(p);
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    a.m_log2[r] = in[r] * scale_log2;
+    a.row[r] = blk.i0 + cute::get<0>(coords(r, 0));
+    if (a.row[r] >= blk.seq.len_q) a.bad &= ~(1u << r);  // past the sequence: not stored
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) a.o[r][c] = in[kRows + r * kCols + c];
+  }
+  if (a.bad == 0) return a;
+  CUTE_UNROLL
+  for (int c = 0; c < kCols; ++c) a.col[c] = cute::get<1>(coords(0, c));
+  // Row 0 of this sequence and head of a [batch, seq, heads, dim] (or packed) tensor.
+  auto row0 = [&](const void* t, int64_t b_stride, int64_t r_stride, int64_t h_stride,
+                  int64_t start, int head) {
+    return static_cast<const Element*>(t) + blk.b * b_stride + start * r_stride +
+           head * h_stride;
+  };
+  return sum_rows_again<Element, Tr::kHeadDim>(
+      p, row0(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, blk.seq.start_q, blk.h),
+      row0(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, blk.seq.start_k, blk.hk),
+      row0(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, blk.seq.start_k, blk.hk),
+      blk.seq.len_q, blk.seq.len_k, uint32_t(blk.b * p.heads_q + blk.h), a);
+}
+
+// o: the O accumulator as (rows, cols), each row relative to the softmax's final max (what
+// the epilogue divides by the row's sum); coords_of: a callable that builds each value's
+// (row, column) in the query block, run only inside redo_rows. The values go to redo_rows
+// one by one: a struct passed by value is copied through a stack slot whose address the
+// kernel would then hold in two registers through the mainloop.
+template <class Tr, class O, class CoordsOf, class S>
+__device__ __forceinline__ void redo_nonfinite_rows(const FwdParams& p, const FwdBlock& blk,
+                                                    O& o, CoordsOf coords_of,
+                                                    S const& softmax) {
   constexpr int kRows = decltype(cute::size<0>(o))::value;
   constexpr int kCols = decltype(cute::size<1>(o))::value;
   unsigned bad = 0;
@@ -262,32 +320,17 @@ __device__ __forceinline__ void redo_nonfinite_rows(const FwdParams& p, const Fw
     bool finite = true;
     CUTE_UNROLL
     for (int c = 0; c < kCols; ++c) finite &= isfinite(o(r, c));
-    // Rows past the sequence are not stored.
-    if (!finite && blk.i0 + cute::get<0>(coords(r, 0)) < blk.seq.len_q) bad |= 1u << r;
+    if (!finite) bad |= 1u << r;
   }
   if (bad == 0) return;
-  RowsAgain<kRows, kCols> a;
-  a.bad = bad;
-  const float scale_log2 = score_scale_log2(p);
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    a.row[r] = blk.i0 + cute::get<0>(coords(r, 0));
-    a.m_log2[r] = softmax.row_max[r] * scale_log2;
-    CUTE_UNROLL
-    for (int c = 0; c < kCols; ++c) a.o[r][c] = o(r, c);
-  }
-  CUTE_UNROLL
-  for (int c = 0; c < kCols; ++c) a.col[c] = cute::get<1>(coords(0, c));
-  // Row 0 of this sequence and head of a [batch, seq, heads, dim] (or packed) tensor.
-  auto row0 = [&](const void* t, int64_t b_stride, int64_t r_stride, int64_t h_stride,
-                  int64_t start, int h) {
-    return static_cast<const Element*>(t) + blk.b * b_stride + start * r_stride + h * h_stride;
+  // Value i of redo_rows' list: row i's max, then O's values row by row.
+  auto value = [&](int i) -> float {
+    return i < kRows ? softmax.row_max[i] : o((i - kRows) / kCols, (i - kRows) % kCols);
   };
-  a = sum_rows_again<Element, Tr::kHeadDim>(
-      p, row0(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, blk.seq.start_q, blk.h),
-      row0(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, blk.seq.start_k, blk.hk),
-      row0(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, blk.seq.start_k, blk.hk),
-      blk.seq.len_q, blk.seq.len_k, uint32_t(blk.b * p.heads_q + blk.h), a);
+  const auto a = [&]<int... I>(std::integer_sequence<int, I...>) {
+    return redo_rows<Tr, kRows, kCols>(p, blk.b, blk.h, blk.m_block, coords_of, bad,
+                                       value(I)...);
+  }(std::make_integer_sequence<int, kRows + kRows * kCols>{});
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r)
     CUTE_UNROLL

@@ -209,12 +209,16 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   }
 
   // A NaN or Inf in O may be a masked key's V reaching it through 0 · NaN in the MMA: such
-  // rows are summed again from global memory (cuda/nonfinite.cuh).
+  // rows are summed again from global memory (cuda/nonfinite.cuh). The coordinates of O's
+  // values are built only inside that out-of-line call (cuda::redo_rows).
   {
     Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
-    Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<BlkM, HeadDim>{}));
-    Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (rows, cols)
-    cuda::redo_nonfinite_rows<Tr>(p, blk, o, tOcO_rc, softmax);
+    auto coords_of = [tid] {
+      Tensor tOcO = typename Tr::TiledMma{}.get_thread_slice(tid).partition_C(
+          make_identity_tensor(Shape<BlkM, HeadDim>{}));
+      return make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (rows, cols)
+    };
+    cuda::redo_nonfinite_rows<Tr>(p, blk, o, coords_of, softmax);
   }
 
   // ---- epilogue ----

@@ -372,10 +372,14 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
   }
 
   // A NaN or Inf in O may be a masked key's V reaching it through 0 · NaN in the wgmma:
-  // such rows are summed again from global memory (cuda/nonfinite.cuh).
-  Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<BlkM, HeadDim>{}));
-  Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (rows, cols)
-  cuda::redo_nonfinite_rows<Tr>(p, blk, o, tOcO_rc, softmax);
+  // such rows are summed again from global memory (cuda/nonfinite.cuh). The coordinates of
+  // O's values are built only inside that out-of-line call (cuda::redo_rows).
+  auto coords_of = [ctid] {
+    Tensor tOcO = typename Tr::TiledMmaPV{}.get_thread_slice(ctid).partition_C(
+        make_identity_tensor(Shape<BlkM, HeadDim>{}));
+    return make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (rows, cols)
+  };
+  cuda::redo_nonfinite_rows<Tr>(p, blk, o, coords_of, softmax);
 
   // Hand-off to the epilogue: O / ℓ and each row's LSE (fwd_epilogue.cuh).
   float lse[kRows];

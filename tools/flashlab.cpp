@@ -3,11 +3,12 @@
 //   flashlab bench [flags]   time kernels on one problem, each checked first against the
 //                            fp64 reference; a table, or --json / --csv rows
 //   flashlab bench --ladder  every GPU rung in ladder order, non-causal then causal
+//   flashlab bench --decode  the KV-cache call at one or more cache lengths (GB/s)
 //   flashlab list            the kernel registry
 //
-// This file is the command line: flags, defaults and help. The measuring is the harness
-// of include/flashlab/bench.h (src/bench/), the output formats are output.{h,cpp}. Only
-// the public headers are used.
+// This file is the command line: flags and defaults (the help texts are help.h). The
+// measuring is the harness of include/flashlab/bench.h (src/bench/), the output formats
+// are output.{h,cpp}. Only the public headers are used.
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -23,6 +24,7 @@
 
 #include "flashlab/bench.h"
 #include "flashlab/flashlab.h"
+#include "help.h"
 #include "output.h"
 
 namespace {
@@ -33,7 +35,10 @@ using flashlab::bench::Problem;
 using flashlab::bench::Report;
 using flashlab::cli::kExitError;
 using flashlab::cli::kExitOk;
+using flashlab::cli::kBenchHelp;
 using flashlab::cli::kExitUsage;
+using flashlab::cli::kListHelp;
+using flashlab::cli::kMainHelp;
 
 // Default problems and run counts, by device.
 constexpr Problem kCpuDefault = {.batch = 1, .heads_q = 8, .heads_kv = 8, .seqlen_q = 4096,
@@ -42,6 +47,14 @@ constexpr Problem kCpuDefault = {.batch = 1, .heads_q = 8, .heads_kv = 8, .seqle
 constexpr Problem kCudaDefault = {.batch = 4, .heads_q = 16, .heads_kv = 16, .seqlen_q = 4096,
                                   .seqlen_k = 4096, .head_dim = 128, .head_dim_v = 128,
                                   .dtype = DType::kBF16, .device = Device::kCUDA};
+// --decode: one query row against a full cache, GQA; the CPU default runs in seconds.
+constexpr Problem kCpuDecode = {.batch = 2, .heads_q = 8, .heads_kv = 2, .seqlen_q = 1,
+                                .seqlen_k = 4096, .head_dim = 128, .head_dim_v = 128,
+                                .dtype = DType::kF32, .device = Device::kCPU, .decode = true};
+constexpr Problem kCudaDecode = {.batch = 1, .heads_q = 32, .heads_kv = 8, .seqlen_q = 1,
+                                 .seqlen_k = 4096, .head_dim = 128, .head_dim_v = 128,
+                                 .dtype = DType::kBF16, .device = Device::kCUDA, .decode = true};
+constexpr int kCudaDecodeSeqlens[] = {4096, 16384, 65536};
 constexpr int kCpuWarmup = 1, kCpuIters = 5;
 constexpr int kCudaWarmup = 5, kCudaIters = 30;
 constexpr int kMaxDim = 1 << 30;
@@ -54,140 +67,6 @@ struct UsageError {
 struct EnvironmentError {
   std::string message;
 };
-
-// ---- help -------------------------------------------------------------------------------
-
-constexpr const char* kMainHelp = R"(flashlab - FlashLab's command-line tool: benchmark and check attention kernels.
-
-usage:
-  flashlab bench [flags]      time kernels on one problem, each checked first against the
-                              fp64 reference (cpu_reference); prints a table
-  flashlab list               print the kernel registry: name, arch, passes, summary
-  flashlab help [command]     this text, or a command's help (= flashlab <command> --help)
-
-`flashlab bench --help` lists the benchmark's flags and explains its columns.
-
-exit codes: 0 ok, 1 library/CUDA error or a kernel that did not run (one named with
-  --kernel that refused the problem, or none of the device's kernels ran), 2 bad command
-  line, 3 a kernel failed its check
-)";
-
-constexpr const char* kListHelp = R"(usage: flashlab list
-
-Prints every kernel of this build's registry in registry order (for the GPU kernels, the
-order of the ladder): its name (what --kernel and the API's `kernel` take), its arch
-(cpu, sm80+, sm90a, ...), whether it has a forward and a backward pass, and its summary.
-The last line says whether this build has CUDA kernels and sees a CUDA device.
-)";
-
-constexpr const char* kBenchHelp = R"(usage: flashlab bench [flags]
-
-Runs one attention problem with each kernel of the registry that belongs to the device
-(or those named by --kernel). For each kernel: one checked call (outputs poisoned with
-NaN first, every element must be written, results compared with cpu_reference computed
-in fp64 on the same inputs), then warm-up and timed calls. A kernel that does not
-support the problem, or fails its check, gets a row with the reason and no time. Fresh
-random inputs each run unless --seed.
-
-defaults (--device auto picks the GPU when one is visible, else the CPU):
-  CPU   batch 1, heads 8, seqlen 4096, head dim 128, fp32, no mask;
-        kernels cpu_reference (the baseline, ~1 min) then cpu_flash
-  CUDA  batch 4, heads 16, seqlen 4096, head dim 128, bf16, no mask;
-        every CUDA kernel with the pass being timed (forward, or with --backward the
-        backward), in registry order; the first that runs is the baseline
-
-problem:
-  --batch N          batch size
-  --heads N          query heads
-  --heads-kv N       key/value heads; must divide --heads (GQA/MQA) [= --heads]
-  --seqlen N         query length, and key length unless --seqlen-k
-  --seqlen-k N       key/value length [= --seqlen]
-  --head-dim N       head dim of q and k
-  --head-dim-v N     head dim of v and out [= --head-dim]
-  --dtype T          fp32, fp16 or bf16 (the CPU computes all in fp32; tensor-core GPU
-                     rungs take fp16/bf16 only)
-  --causal           causal mask, aligned bottom-right as in FlashAttention >= 2.1
-  --window L,R       sliding window: query i (diagonal key d = i + seqlen_k - seqlen)
-                     sees keys d-L .. d+R; -1 = unbounded; with --causal, R is 0
-  --softcap X        logits become X*tanh(logit/X); 0 = off [0]
-  --quadratic-limit G  GiB of O(seqlen²) workspace that cpu_reference and naive may take
-                     before they refuse the problem (the API's quadratic_workspace_limit) [4]
-  --backward         time the backward pass (dq, dk, dv) instead of the forward; its out
-                     and LSE come from the device's best forward kernel, run first
-
-kernels and device:
-  --kernel NAME      a kernel from `flashlab list`; repeat the flag or give a comma list
-                     for several, in that order; `all` = every kernel of the device [all]
-  --device D         auto, cpu or cuda [auto]; with named kernels, auto is their device
-  --threads N        threads for CPU kernels and for the check [all hardware threads]
-  --ladder           the GPU ladder: every CUDA kernel in registry (= ladder) order on
-                     the CUDA default problem, non-causal then causal, in one table with
-                     `vs prev`. A rung that also takes fp32 is timed in both dtypes and
-                     shown in the faster (its shape column says which). Problem flags
-                     change the problem (not --causal: the ladder runs both). Without a
-                     GPU it ladders the CPU kernels on the CPU default problem.
-
-timing and check:
-  --iters N          timed calls, at most; the median is reported [CPU 5, CUDA 30]
-  --warmup N         untimed calls before them, at least [CPU 1, CUDA 5]
-  --warmup-ms MS     the warm-up also lasts at least this long [0]
-  --budget S         seconds per kernel: a slow call means fewer calls [10]
-  --rounds N         time the kernels in N alternating rounds, the order rotated each
-                     round (budget / N each); a kernel's time is the median of its
-                     rounds' medians [1: each kernel timed alone, one after the other]
-  --seed N           seed of the random inputs [a fresh one each run; the footer says it]
-  --no-check         skip the comparison with the reference (outputs are still checked
-                     to be fully written)
-  --check-gflops G   the fp64 reference's budget: larger problems are checked on a
-                     slice (below) [80]
-
-output:
-  --json             one JSON object: device, check, timing, inputs, and "rows" with the
-                     columns below as raw numbers (null where there is none)
-  --csv              a header line, then one line per row (raw numbers; empty = none)
-  -h, --help         this text
-
-columns:
-  kernel, shape      shape = batch x heads[/kv heads] x seqlen[/seqlen_k] x head_dim[/head_dim_v] dtype
-  mask               none, causal, window(L,R), each +softcap(X) when on
-  time ms            median time of one call
-  runs               timed calls behind the median
-  TFLOP/s            FLOPs / time. Forward FLOPs = 2*(head_dim + head_dim_v) for each
-                     (query, key) pair the mask allows: 4*B*H*Sq*Sk*D with no mask, about
-                     half causal, exact for windows. Backward = 2.5x its forward.
-  extra mem          the kernel's workspace_size(). FlashLab never allocates: this is the
-                     scratch memory the caller provides. Inputs and outputs not counted.
-  err out, err lse   max abs error vs cpu_reference in fp64 (backward: err dq, dk, dv)
-  vs base            speed-up over the first row that ran and passed (base time / time)
-  vs prev            (--ladder) speed-up over the previous rung that ran and passed
-  check              ok, or - when not compared (--no-check); a kernel that failed (an
-                     error above tolerance, an output element not written) shows FAIL
-                     and the reason instead of a time
-
-tolerance (max abs error; unit-normal inputs, default softmax scale):
-  fp32 1e-4 (out, lse), 2e-4 (dq, dk, dv); fp16 5e-3, 1e-2; bf16 2e-2, 4e-2.
-  A gradient's tolerance is multiplied by max(1, max |reference gradient|): its
-  rounding error grows with its size (GQA sums over heads, causal first keys).
-
-check on a slice: a problem whose fp64 reference would cost more than --check-gflops is
-  checked on batch entry 0, as many query heads as threads (backward: whole kv-head
-  groups, as many as fit) and, if still too large, on the last query rows (which see
-  exactly the keys they see in the full problem; the backward's dk and dv are then
-  compared on the keys no earlier row sees); the footer says which.
-
-timing: CPU std::chrono::steady_clock; CUDA a cudaEvent pair per call on one stream,
-  rotating among input sets whose total exceeds 2x the L2 cache (capped at 4 GiB and
-  1/4 of free memory). After the checked call: warm-up, then the median of the timed
-  calls. Slow kernels get fewer calls (the runs column says how many): as many as fit
-  the budget, at least 3 (or --iters if fewer), warm-up at most a quarter of it. A
-  checked call longer than budget/8 may carry one-time work, so one more call is timed
-  to plan the rest; a call over 10 s is its own one sample. Calls over 3 s show a
-  progress line on stderr. docs/BENCHMARK.md describes the method.
-
-exit codes: 0 ok, 1 library/CUDA error or a kernel that did not run (one named with
-  --kernel that refused the problem, or none of the device's kernels ran), 2 bad command
-  line, 3 a kernel failed its check
-)";
 
 // ---- flag parsing -----------------------------------------------------------------------
 
@@ -210,6 +89,9 @@ struct BenchFlags {
   std::optional<uint64_t> seed;
   bool check = true;
   bool ladder = false;
+  bool decode = false;
+  std::vector<int> seqlens;  // --decode: cache lengths
+  int page_size = 0, append = 0;
   std::optional<Format> format;
   bool help = false;
 };
@@ -266,6 +148,15 @@ void parse_kernels(BenchFlags& f, const std::string& flag, const std::string& te
   }
 }
 
+void parse_seqlens(BenchFlags& f, const std::string& flag, const std::string& text) {
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    f.seqlens.push_back(parse_int(flag, text.substr(start, comma - start), 1));
+    start = comma + 1;
+  }
+}
+
 void set_format(BenchFlags& f, Format format) {
   if (f.format && *f.format != format) throw UsageError{"--json and --csv exclude each other"};
   f.format = format;
@@ -318,6 +209,10 @@ constexpr FlagSpec kBenchFlags[] = {
      }},
     {"--no-check", false, [](BenchFlags& f, const std::string&, const std::string&) { f.check = false; }},
     {"--ladder", false, [](BenchFlags& f, const std::string&, const std::string&) { f.ladder = true; }},
+    {"--decode", false, [](BenchFlags& f, const std::string&, const std::string&) { f.decode = true; }},
+    {"--seqlens", true, [](BenchFlags& f, const std::string& n, const std::string& v) { parse_seqlens(f, n, v); }},
+    {"--page-size", true, [](BenchFlags& f, const std::string& n, const std::string& v) { f.page_size = parse_int(n, v, 0); }},
+    {"--append", true, [](BenchFlags& f, const std::string& n, const std::string& v) { f.append = parse_int(n, v, 0); }},
     {"--json", false, [](BenchFlags& f, const std::string&, const std::string&) { set_format(f, Format::kJson); }},
     {"--csv", false, [](BenchFlags& f, const std::string&, const std::string&) { set_format(f, Format::kCsv); }},
     {"--help", false, [](BenchFlags& f, const std::string&, const std::string&) { f.help = true; }},
@@ -404,12 +299,15 @@ Device resolve_device(const BenchFlags& f, std::string* note) {
 }
 
 Problem make_problem(const BenchFlags& f, Device device) {
-  Problem p = device == Device::kCPU ? kCpuDefault : kCudaDefault;
+  const bool cpu = device == Device::kCPU;
+  Problem p = f.decode ? (cpu ? kCpuDecode : kCudaDecode) : (cpu ? kCpuDefault : kCudaDefault);
   p.batch = f.batch.value_or(p.batch);
   p.heads_q = f.heads.value_or(p.heads_q);
-  p.heads_kv = f.heads_kv.value_or(p.heads_q);
+  p.heads_kv = f.heads_kv.value_or(f.heads || !f.decode ? p.heads_q : p.heads_kv);
   p.seqlen_q = f.seqlen.value_or(p.seqlen_q);
-  p.seqlen_k = f.seqlen_k.value_or(p.seqlen_q);
+  p.seqlen_k = f.seqlen_k.value_or(f.decode ? p.seqlen_k : p.seqlen_q);
+  p.page_size = f.page_size;
+  p.seqlen_new = f.append;
   p.head_dim = f.head_dim.value_or(p.head_dim);
   p.head_dim_v = f.head_dim_v.value_or(p.head_dim);
   p.dtype = f.dtype.value_or(p.dtype);
@@ -425,14 +323,32 @@ Problem make_problem(const BenchFlags& f, Device device) {
   return p;
 }
 
+// The problem at each cache length of --seqlens (--decode; CUDA's default: three), else
+// the one problem.
+std::vector<Problem> make_problems(const BenchFlags& f, Device device) {
+  const Problem p = make_problem(f, device);
+  std::vector<int> lengths = f.seqlens;
+  if (lengths.empty() && f.decode && device == Device::kCUDA && !f.seqlen_k)
+    lengths.assign(std::begin(kCudaDecodeSeqlens), std::end(kCudaDecodeSeqlens));
+  if (lengths.empty()) return {p};
+  std::vector<Problem> ps;
+  for (int len : lengths) {
+    ps.push_back(p);
+    ps.back().seqlen_k = len;
+  }
+  return ps;
+}
+
 // The named kernels, else every kernel of the device that has the pass being timed (a
-// named kernel without it gets a row saying so).
+// named kernel without it gets a row saying so). The CPU's KV-cache call composes
+// forward() per sequence, so its kernels are those with a forward.
 std::vector<std::string> kernels_for(const BenchFlags& f, Device device) {
   if (!f.kernels.empty()) return f.kernels;
   std::vector<std::string> names;
+  const bool cpu = device == Device::kCPU;
   for (const flashlab::KernelInfo& k : flashlab::kernels())
-    if (is_cpu_kernel(k) == (device == Device::kCPU) &&
-        (f.backward ? k.has_backward : k.has_forward))
+    if (is_cpu_kernel(k) == cpu &&
+        (f.backward ? k.has_backward : f.decode && !cpu ? k.has_kvcache : k.has_forward))
       names.emplace_back(k.name);
   return names;
 }
@@ -485,6 +401,17 @@ int with_refusals(const Report& report, bool named, int code) {
   return code == kExitOk ? kExitError : code;
 }
 
+// --seqlens, --page-size and --append belong to --decode, which has no backward or ladder.
+void check_decode_flags(const BenchFlags& f) {
+  if (!f.decode) {
+    const char* flag = !f.seqlens.empty() ? "--seqlens" : f.page_size ? "--page-size" : f.append ? "--append" : nullptr;
+    if (flag) throw UsageError{std::string(flag) + " belongs to --decode (the KV-cache call)"};
+    return;
+  }
+  if (f.backward || f.ladder) throw UsageError{"--decode times the KV-cache forward: drop --backward and --ladder"};
+  if (!f.seqlens.empty() && f.seqlen_k) throw UsageError{"--seqlen-k and --seqlens: give one"};
+}
+
 // ---- commands ---------------------------------------------------------------------------
 
 int cmd_bench(const std::vector<std::string>& args) {
@@ -495,20 +422,19 @@ int cmd_bench(const std::vector<std::string>& args) {
   }
   if (f.ladder && f.causal)
     throw UsageError{"--ladder runs non-causal and causal; drop --causal"};
+  check_decode_flags(f);
   check_kernel_names(f.kernels);
   std::string note;
   const Device device = resolve_device(f, &note);
-  const Problem p = make_problem(f, device);
+  const std::vector<Problem> ps = make_problems(f, device);
   const flashlab::bench::Options o = make_options(f, device);
   if (!note.empty()) std::fprintf(stderr, "flashlab: %s\n", note.c_str());
-  std::vector<size_t> groups = {0};
+  std::vector<size_t> groups;
   Report report;
-  if (f.ladder) {
-    groups.clear();
-    throw_if_error(flashlab::bench::run_ladder(p, o, &report, &groups));
-  } else {
-    throw_if_error(flashlab::bench::run_bench(p, o, &report));
-  }
+  if (f.ladder)
+    throw_if_error(flashlab::bench::run_ladder(ps.front(), o, &report, &groups));
+  else
+    throw_if_error(flashlab::bench::run_problems(ps, o, &report, &groups));
   const Format format = f.format.value_or(Format::kTable);
   if (format == Format::kJson)
     flashlab::cli::print_json(report);

@@ -36,8 +36,9 @@ std::string format_ratio(double r) {
   return std::isnan(r) ? "-" : printf_string(r >= 10 ? "%.1fx" : "%.2fx", r);
 }
 
-Table make_table(bool backward, bool ladder) {
+Table make_table(bool backward, bool ladder, bool decode) {
   std::vector<std::string> h = {"kernel", "shape", "mask", "time ms", "runs", "TFLOP/s", "extra mem"};
+  if (decode) h.insert(h.begin() + 6, "GB/s");
   if (backward)
     h.insert(h.end(), {"err dq", "err dk", "err dv"});
   else
@@ -51,10 +52,11 @@ Table make_table(bool backward, bool ladder) {
   return Table(std::move(h), std::move(right));
 }
 
-std::vector<std::string> row_cells(const Row& r, bool ladder) {
+std::vector<std::string> row_cells(const Row& r, bool ladder, bool decode) {
   std::vector<std::string> c = {r.kernel, bench::shape_string(r.problem), bench::mask_string(r.problem),
                                 format_ms(r.time_ms), std::to_string(r.timed_runs), format_rate(r.tflops),
                                 bench::format_bytes(r.workspace_bytes)};
+  if (decode) c.insert(c.begin() + 6, format_rate(r.gbps()));
   if (r.problem.backward)
     c.insert(c.end(), {format_err(r.err_dq), format_err(r.err_dk), format_err(r.err_dv)});
   else
@@ -108,17 +110,19 @@ std::vector<Field> row_fields(const Row& r) {
           text_field("status", bench::to_string(r.status)),
           text_field("reason", r.reason),
           text_field("device", to_string(p.device)),
-          text_field("pass", p.backward ? "backward" : "forward"),
+          text_field("pass", p.backward ? "backward" : p.decode ? "decode" : "forward"),
           number_field("batch", p.batch), number_field("heads_q", p.heads_q),
           number_field("heads_kv", p.heads_kv), number_field("seqlen_q", p.seqlen_q),
           number_field("seqlen_k", p.seqlen_k), number_field("head_dim", p.head_dim),
           number_field("head_dim_v", p.head_dim_v), text_field("dtype", to_string(p.dtype)),
           text_field("mask", bench::mask_string(p)), bool_field("causal", p.causal),
           number_field("window_left", p.window_left), number_field("window_right", p.window_right),
-          number_field("softcap", p.softcap), number_field("time_ms", r.time_ms),
+          number_field("softcap", p.softcap), number_field("page_size", p.page_size),
+          number_field("seqlen_new", p.seqlen_new), number_field("time_ms", r.time_ms),
           number_field("warmup_runs", r.warmup_runs), number_field("timed_runs", r.timed_runs),
           number_field("rounds", double(r.round_ms.size())),
           number_field("flops", r.flops), number_field("tflops", r.tflops),
+          number_field("kv_bytes", r.kv_bytes), number_field("gbps", r.gbps()),
           number_field("workspace_bytes", double(r.workspace_bytes)),
           number_field("err_out", r.err_out), number_field("err_lse", r.err_lse),
           number_field("err_dq", r.err_dq), number_field("err_dk", r.err_dk),
@@ -151,12 +155,13 @@ void Table::print_line(FILE* out, const Line& l, const std::vector<size_t>& widt
 
 void print_table(const Report& report, const std::vector<size_t>& groups, bool ladder) {
   const bool backward = !report.rows.empty() && report.rows.front().problem.backward;
-  Table t = make_table(backward, ladder);
+  const bool decode = !report.rows.empty() && report.rows.front().problem.decode;
+  Table t = make_table(backward, ladder, decode);
   for (size_t i = 0; i < report.rows.size(); ++i) {
     if (i > 0 && std::find(groups.begin(), groups.end(), i) != groups.end()) t.add_gap();
     const Row& r = report.rows[i];
     if (r.timed()) {
-      t.add(row_cells(r, ladder));
+      t.add(row_cells(r, ladder, decode));
       continue;
     }
     std::vector<std::string> lead = {r.kernel, bench::shape_string(r.problem),

@@ -15,7 +15,10 @@
 //                 median. With rounds > 1 the entries of a problem take turns, and each
 //                 entry's time is the median of its per-round medians.
 // CPU calls are timed with std::chrono::steady_clock, CUDA calls with a cudaEvent pair
-// on the harness's stream. docs/BENCHMARK.md describes the method and its limits.
+// on the harness's stream. A decode problem (Problem::decode) is a forward_kvcache call
+// against a full KV cache, checked against a dense forward on the same keys and values
+// and judged by the bytes of K and V it reads. docs/BENCHMARK.md describes the method and
+// its limits.
 #pragma once
 
 #include <cstddef>
@@ -69,6 +72,14 @@ struct Problem {
   int window_right = -1;
   float softcap = 0.f;   // 0: off
   bool backward = false; // the backward pass instead of the forward
+  // Decode: forward_kvcache instead of forward(). Every sequence attends to seqlen_k cache
+  // rows (the cache length L): L - seqlen_new rows already in the cache (cache_seqlens)
+  // and seqlen_new rows that each call appends (k_new/v_new; 0 = none). page_size > 0
+  // pages the cache: batch·ceil(L / page_size) pages, each sequence's block table a
+  // shuffled draw from the pool; 0 = one contiguous [batch, L, heads_kv, dim] cache.
+  bool decode = false;
+  int page_size = 0;
+  int seqlen_new = 0;
   // Kernels with O(seqlen²) workspace (cpu_reference, naive) refuse above this.
   size_t quadratic_workspace_limit = size_t(4) << 30;
 };
@@ -76,16 +87,21 @@ struct Problem {
 // The forward arguments of `p` without data: what attention_flops and attention_bytes read.
 ForwardArgs shape_args(const Problem& p);
 double pass_flops(const Problem& p);  // the timed pass: forward, or backward (2.5x)
-double kv_bytes(const Problem& p);    // K and V, read once: what a decode call is judged by
+// K and V, read once: 2·batch·seqlen_k·heads_kv·head_dim·elem bytes (with Dv for V); what
+// a decode call is judged by.
+double kv_bytes(const Problem& p);
 
-// "1x8x4096x128 fp32"; GQA, Sq != Sk and Dv != D add "/other": "2x8/2x512/1024x64 bf16".
+// "1x8x4096x128 fp32"; GQA, Sq != Sk and Dv != D add "/other": "2x8/2x512/1024x64 bf16";
+// a decode problem adds " kvcache", " paged(P)" and " append(N)": "1x32/8x1/4096x128 bf16
+// kvcache paged(256)".
 std::string shape_string(const Problem& p);
 // "none", "causal", "window(64,0)", each with "+softcap(30)" when on.
 std::string mask_string(const Problem& p);
 
 // The peer sweep: head dims x seqlens x masks at a fixed token count and hidden size
 // (heads = hidden / head_dim, batch = tokens / seqlen), each problem as a forward and/or a
-// backward; and decode problems, one query token against growing key lengths (GQA).
+// backward; and decode problems (KV-cache calls), one query token against growing cache
+// lengths (GQA).
 struct Sweep {
   std::vector<int> head_dims = {64, 128, 256};
   std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
@@ -96,9 +112,10 @@ struct Sweep {
   Device device = Device::kCUDA;
   std::vector<int> decode_seqlens = {4096, 16384, 65536};
   int decode_batch = 1, decode_heads_q = 32, decode_heads_kv = 8, decode_head_dim = 128;
+  int decode_seqlen_q = 1, decode_page_size = 0, decode_seqlen_new = 0;
 };
 std::vector<Problem> sweep_problems(const Sweep& s);   // seqlens that do not divide tokens skipped
-std::vector<Problem> decode_problems(const Sweep& s);  // forward only
+std::vector<Problem> decode_problems(const Sweep& s);  // decode = true, one per cache length
 
 // ---------------------------------------------------------------------------------------
 // Timing
@@ -164,6 +181,8 @@ struct Row {
   double vs_prev = kNaN;  // time of the previous timed row that passed / this time
 
   bool timed() const { return status == RowStatus::kOk || status == RowStatus::kUnchecked; }
+  // GB/s of K and V read (kv_bytes / time); NaN when not timed.
+  double gbps() const { return timed() ? kv_bytes / (time_ms * 1e6) : kNaN; }
 };
 
 // An implementation being measured: its row, and how to launch one call. `launch` is
@@ -225,8 +244,13 @@ class Progress {
 };
 
 // The operands of a problem's input sets: q, k, v, and for the backward out, lse and dout
-// (made by the device's best forward kernel).
-enum class Operand : int { kQ, kK, kV, kOut, kLse, kDout };
+// (made by the device's best forward kernel). Decode: k and v are the caches (paged:
+// [num_pages, page_size, heads_kv, dim]), with k_new/v_new when it appends, cache_seqlens
+// (int32 [batch]) and, paged, the block table (int32 [batch, pages per sequence]).
+enum class Operand : int {
+  kQ, kK, kV, kOut, kLse, kDout,
+  kKNew = 9, kVNew, kCacheSeqlens, kBlockTable
+};
 
 // What an implementation wrote; the present tensors are checked (any strides, any device).
 struct Outputs {
@@ -273,6 +297,11 @@ class Bench {
 // Every kernel of o.kernels on `p`: created, checked and timed (one after the other, or in
 // turns with rounds > 1). Rows of kernels that refuse or fail are part of the report.
 Status run_bench(const Problem& p, const Options& o, Report* report);
+
+// run_bench on each problem in turn, one report (group starts in `groups`; footer lines
+// that differ are kept one under the other).
+Status run_problems(std::span<const Problem> ps, const Options& o, Report* report,
+                    std::vector<size_t>* groups);
 
 // The ladder: every kernel of o.kernels on `p`, non-causal then causal (group starts in
 // `groups`); on the GPU a kernel that also takes fp32 is timed in both dtypes and shown in

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <numeric>
+#include <random>
 
 #include "common/dtype.h"
 #include "common/mask.h"
@@ -61,6 +63,8 @@ Problem slice_problem(const Problem& p, const Slice& s) {
   sub.seqlen_q = s.rows;
   sub.dtype = DType::kF64;
   sub.device = Device::kCPU;
+  sub.decode = false;  // the dense forward on the keys and values the cache holds
+  sub.page_size = sub.seqlen_new = 0;
   return sub;
 }
 
@@ -86,9 +90,41 @@ Box box_of(const Problem& p, const Slice& s, Slot slot) {
       b.begin[2] = s.row0;
       b.count[2] = s.rows;
       break;
-    case kSlots: break;
+    case kKNew: case kVNew: case kSeqlens: case kTable: case kSlots: break;
   }
   return b;
+}
+
+int64_t offset_of(const Tensor& t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+  return i0 * t.stride[0] + i1 * t.stride[1] + i2 * t.stride[2] + i3 * t.stride[3];
+}
+
+// Decode: the keys (or values) the slice's sequences attend to, as the dense forward's
+// [batches, seqlen_k, heads_kv, dim]: rows [0, seqlen_k - seqlen_new) of the cache (through
+// the block table when paged), then the rows of k_new (v_new) that the call appends.
+Status gather_cache(const Problem& p, const Slice& s, const std::array<Tensor, kSlots>& in,
+                    Slot cache_slot, void* stream, std::vector<double>* out) {
+  Buffer keep_cache, keep_new, keep_table;
+  Tensor cache, fresh, table;
+  if (Status st = host_view(in[cache_slot], stream, &keep_cache, &cache); !st.ok()) return st;
+  if (Status st = host_view(in[cache_slot == kK ? kKNew : kVNew], stream, &keep_new, &fresh); !st.ok()) return st;
+  if (Status st = host_view(in[kTable], stream, &keep_table, &table); !st.ok()) return st;
+  const int64_t dim = cache.shape[3], kept = p.seqlen_k - p.seqlen_new;
+  out->resize(size_t(s.batches) * size_t(p.seqlen_k) * size_t(s.heads_kv) * size_t(dim));
+  const auto* pages = static_cast<const int32_t*>(table.data);
+  size_t c = 0;
+  for (int64_t b = 0; b < s.batches; ++b)
+    for (int64_t j = 0; j < p.seqlen_k; ++j) {
+      const Tensor& t = j < kept ? cache : fresh;
+      int64_t i0 = b, i1 = j < kept ? j : j - kept;
+      if (j < kept && p.page_size > 0) {
+        i0 = pages[b * table.stride[0] + (j / p.page_size) * table.stride[1]];
+        i1 = j % p.page_size;
+      }
+      for (int64_t h = 0; h < s.heads_kv; ++h)
+        for (int64_t d = 0; d < dim; ++d) (*out)[c++] = load_as_double(t.data, t.dtype, offset_of(t, i0, i1, h, d));
+    }
+  return {};
 }
 
 std::string range_string(int begin, int end) {
@@ -123,19 +159,47 @@ void fail(Row* row, Slot s, const std::string& why) {
 // ---- operands ---------------------------------------------------------------------------
 
 const char* slot_name(Slot s) {
-  static constexpr const char* kNames[kSlots] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
+  static constexpr const char* kNames[kSlots] = {"q",  "k",  "v",     "out",   "lse",           "dout", "dq",
+                                                 "dk", "dv", "k_new", "v_new", "cache_seqlens", "block_table"};
   return kNames[s];
+}
+
+int pages_per_sequence(const Problem& p) {
+  return p.decode && p.page_size > 0 ? (p.seqlen_k + p.page_size - 1) / p.page_size : 0;
+}
+
+std::vector<int32_t> table_values(const Problem& p, Slot table, uint64_t seed) {
+  if (table == kSeqlens) return std::vector<int32_t>(size_t(p.batch), p.seqlen_k - p.seqlen_new);
+  std::vector<int32_t> pages(size_t(p.batch) * size_t(pages_per_sequence(p)));
+  std::iota(pages.begin(), pages.end(), 0);
+  std::mt19937_64 rng(seed);
+  std::shuffle(pages.begin(), pages.end(), rng);
+  return pages;
 }
 
 Tensor slot_view(const Problem& p, Slot s, void* data) {
   const DType t = p.dtype;
+  if (!slot_used(p, s)) return {};
+  if (p.decode && (s == kK || s == kV)) {
+    const int64_t dim = s == kK ? p.head_dim : p.head_dim_v;
+    const int pages = pages_per_sequence(p);
+    return pages > 0 ? Tensor::contiguous(data, t, {int64_t(p.batch) * pages, p.page_size, p.heads_kv, dim}, p.device)
+                     : Tensor::contiguous(data, t, {p.batch, p.seqlen_k, p.heads_kv, dim}, p.device);
+  }
+  switch (s) {
+    case kKNew: return Tensor::contiguous(data, t, {p.batch, p.seqlen_new, p.heads_kv, p.head_dim}, p.device);
+    case kVNew: return Tensor::contiguous(data, t, {p.batch, p.seqlen_new, p.heads_kv, p.head_dim_v}, p.device);
+    case kSeqlens: return Tensor::contiguous(data, DType::kI32, {p.batch}, p.device);
+    case kTable: return Tensor::contiguous(data, DType::kI32, {p.batch, pages_per_sequence(p)}, p.device);
+    default: break;
+  }
   switch (s) {
     case kQ: case kDq: return Tensor::contiguous(data, t, {p.batch, p.seqlen_q, p.heads_q, p.head_dim}, p.device);
     case kK: case kDk: return Tensor::contiguous(data, t, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim}, p.device);
     case kV: case kDv: return Tensor::contiguous(data, t, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim_v}, p.device);
     case kOut: case kDout: return Tensor::contiguous(data, t, {p.batch, p.seqlen_q, p.heads_q, p.head_dim_v}, p.device);
     case kLse: return Tensor::contiguous(data, DType::kF32, {p.batch, p.heads_q, p.seqlen_q}, p.device);
-    case kSlots: break;
+    default: break;
   }
   return {};
 }
@@ -145,18 +209,38 @@ size_t slot_bytes(const Problem& p, Slot s) {
   return size_t(t.numel()) * dtype_size(t.dtype);
 }
 
-bool slot_used(const Problem& p, Slot s) { return p.backward || s <= kLse; }
+bool slot_used(const Problem& p, Slot s) {
+  switch (s) {
+    case kKNew: case kVNew: return p.decode && p.seqlen_new > 0;
+    case kSeqlens: return p.decode;
+    case kTable: return p.decode && p.page_size > 0;
+    case kSlots: return false;
+    default: return p.backward || s <= kLse;
+  }
+}
 
 std::vector<Slot> outputs_of(const Problem& p) {
   return p.backward ? std::vector<Slot>{kDq, kDk, kDv} : std::vector<Slot>{kOut, kLse};
 }
 
 std::vector<Slot> random_inputs_of(const Problem& p) {
-  return p.backward ? std::vector<Slot>{kQ, kK, kV, kDout} : std::vector<Slot>{kQ, kK, kV};
+  if (p.backward) return {kQ, kK, kV, kDout};
+  if (slot_used(p, kKNew)) return {kQ, kK, kV, kKNew, kVNew};
+  return {kQ, kK, kV};
 }
 
 Status run_pass(const ForwardArgs& a) { return forward(a); }
 Status run_pass(const BackwardArgs& a) { return backward(a); }
+Status run_pass(const KvCacheArgs& a) { return forward_kvcache(a); }
+
+Status select_pass(const ForwardArgs& a, std::string* name) { return select_kernel(a, name); }
+Status select_pass(const BackwardArgs& a, std::string* name) { return select_kernel(a, name); }
+Status select_pass(const KvCacheArgs& a, std::string* name) {
+  size_t bytes = 0;
+  if (Status s = workspace_size(a, &bytes); !s.ok()) return s;
+  *name = a.kernel;
+  return {};
+}
 
 // ---- the slice --------------------------------------------------------------------------
 
@@ -215,9 +299,13 @@ Status Oracle::compute(const Problem& p, const Slice& s, const std::array<Tensor
                        int threads, void* stream, Progress* progress) {
   const Problem sub = slice_problem(p, s);
   std::array<std::vector<double>, kSlots> f64;
-  std::vector<Slot> read = random_inputs_of(p);
-  if (p.backward) read.insert(read.end(), {kOut, kLse});
+  const std::vector<Slot> read = p.backward ? std::vector<Slot>{kQ, kK, kV, kDout, kOut, kLse}
+                                            : std::vector<Slot>{kQ, kK, kV};
   for (Slot slot : read) {
+    if (p.decode && (slot == kK || slot == kV)) {
+      if (Status st = gather_cache(p, s, inputs, slot, stream, &f64[slot]); !st.ok()) return st;
+      continue;
+    }
     Buffer keep;
     Tensor host;
     if (Status st = host_view(inputs[slot], stream, &keep, &host); !st.ok()) return st;

@@ -12,10 +12,12 @@
 
 namespace flashlab::bench {
 
-// Every tensor of a problem; the first six are Operand's.
-enum Slot : int { kQ, kK, kV, kOut, kLse, kDout, kDq, kDk, kDv, kSlots };
+// Every tensor of a problem; the first six and the last four are Operand's.
+enum Slot : int { kQ, kK, kV, kOut, kLse, kDout, kDq, kDk, kDv, kKNew, kVNew, kSeqlens, kTable, kSlots };
 const char* slot_name(Slot s);
-// [batch, seqlen, heads, dim]; LSE is [batch, heads_q, seqlen_q] (rank 3).
+// [batch, seqlen, heads, dim]; LSE is [batch, heads_q, seqlen_q] (rank 3). Decode: k and v
+// are the caches, paged [num_pages, page_size, heads_kv, dim]; the slots a problem does not
+// use (slot_used) are absent.
 Tensor slot_view(const Problem& p, Slot s, void* data);
 size_t slot_bytes(const Problem& p, Slot s);
 // The slots a pass's calls read and write: its inputs (random, or for the backward out and
@@ -23,9 +25,19 @@ size_t slot_bytes(const Problem& p, Slot s);
 bool slot_used(const Problem& p, Slot s);
 std::vector<Slot> outputs_of(const Problem& p);
 std::vector<Slot> random_inputs_of(const Problem& p);
-// forward() or backward(), by the arguments' type.
+// forward(), backward() or forward_kvcache(), by the arguments' type.
 Status run_pass(const ForwardArgs& a);
 Status run_pass(const BackwardArgs& a);
+Status run_pass(const KvCacheArgs& a);
+// select_kernel(); the KV-cache call has none, so workspace_size() says whether it runs and
+// `name` is the kernel asked for.
+Status select_pass(const ForwardArgs& a, std::string* name);
+Status select_pass(const BackwardArgs& a, std::string* name);
+Status select_pass(const KvCacheArgs& a, std::string* name);
+// Decode: pages per sequence (0 when contiguous) and the int32 tables of input set `set`
+// (cache_seqlens = seqlen_k - seqlen_new; the block table a shuffled draw of the pool).
+int pages_per_sequence(const Problem& p);
+std::vector<int32_t> table_values(const Problem& p, Slot table, uint64_t seed);
 
 // The part of the problem compared with the fp64 reference: batch entries [0, batches),
 // query heads [0, heads_q) with their kv heads [0, heads_kv), query rows [row0, seqlen_q),

@@ -38,6 +38,11 @@ Status check_problem(const Problem& p) {
     return {StatusCode::kInvalidArgument, "heads_q (" + std::to_string(p.heads_q) +
                                               ") must be a multiple of heads_kv (" +
                                               std::to_string(p.heads_kv) + ")"};
+  if (!p.decode) return {};
+  if (p.backward) return {StatusCode::kInvalidArgument, "a decode problem has no backward"};
+  if (p.page_size < 0 || p.seqlen_new < 0 || p.seqlen_new > p.seqlen_k)
+    return {StatusCode::kInvalidArgument, "decode: page_size must be >= 0 and seqlen_new in [0, seqlen_k (" +
+                                              std::to_string(p.seqlen_k) + ")]"};
   return {};
 }
 
@@ -96,6 +101,13 @@ struct Bench::State {
       }
       return f(a);
     };
+    if (q.decode) {
+      KvCacheArgs a;
+      a.q = v[kQ], a.k_cache = v[kK], a.v_cache = v[kV], a.out = v[kOut], a.maybe_lse = v[kLse];
+      a.maybe_k_new = v[kKNew], a.maybe_v_new = v[kVNew];
+      a.maybe_cache_seqlens = v[kSeqlens], a.maybe_block_table = v[kTable];
+      return finish(a);
+    }
     if (q.backward) {
       BackwardArgs a;
       a.q = v[kQ], a.k = v[kK], a.v = v[kV], a.out = v[kOut], a.lse = v[kLse], a.dout = v[kDout];
@@ -142,13 +154,21 @@ Status Bench::State::plan_sets() {
   return {};
 }
 
-// Every set gets its own values; on CUDA they are made on the host and uploaded.
+// Every set gets its own values; on CUDA they are made on the host and uploaded. Decode
+// tables are values, not noise: cache_seqlens, and each set's own shuffle of the pages.
 Status Bench::State::fill_inputs() {
   sets.resize(size_t(set_count));
   Buffer host;
   for (int set = 0; set < set_count; ++set) {
     for (int s = 0; s < kSlots; ++s)
       if (slot_used(p, Slot(s))) BENCH_TRY(sets[size_t(set)][s].allocate(p.device, slot_bytes(p, Slot(s))));
+    for (Slot s : {kSeqlens, kTable}) {
+      if (!slot_used(p, s)) continue;
+      const std::vector<int32_t> values = table_values(p, s, mix_seed(o.seed, uint64_t(set), uint64_t(s) + 1));
+      BENCH_TRY(host.allocate(Device::kCPU, values.size() * sizeof(int32_t)));
+      std::copy(values.begin(), values.end(), static_cast<int32_t*>(host.data()));
+      BENCH_TRY(upload(sets[size_t(set)][s], host.data(), stream));
+    }
     for (Slot s : random_inputs_of(p)) {
       const Buffer& dst = sets[size_t(set)][s];
       const int64_t n = slot_view(p, s, nullptr).numel();
@@ -177,7 +197,7 @@ Status Bench::State::make_forward_outputs() {
   std::string first_refusal;
   for (const std::string& name : candidates) {
     std::string chosen;
-    const Status s = with_args(fwd, name, 0, nullptr, [&](auto& a) { return select_kernel(a, &chosen); });
+    const Status s = with_args(fwd, name, 0, nullptr, [&](auto& a) { return select_pass(a, &chosen); });
     if (s.ok()) {
       fwd_kernel = chosen;
       break;
@@ -290,7 +310,7 @@ Status Bench::add_kernel(std::string_view name, Entry* e) {
   e->row.status = RowStatus::kOk;
   std::string chosen;
   size_t bytes = 0;
-  Status st = s.with_args(s.p, name, 0, nullptr, [&](auto& a) { return select_kernel(a, &chosen); });
+  Status st = s.with_args(s.p, name, 0, nullptr, [&](auto& a) { return select_pass(a, &chosen); });
   if (st.ok()) st = s.with_args(s.p, name, 0, nullptr, [&](auto& a) { return workspace_size(a, &bytes); });
   auto give_row = [&](RowStatus status, const std::string& why) {
     e->row.status = status;

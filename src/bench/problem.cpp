@@ -132,9 +132,14 @@ std::string shape_string(const Problem& p) {
   auto pair = [](int a, int b) {
     return a == b ? std::to_string(a) : std::to_string(a) + "/" + std::to_string(b);
   };
-  return std::to_string(p.batch) + "x" + pair(p.heads_q, p.heads_kv) + "x" +
-         pair(p.seqlen_q, p.seqlen_k) + "x" + pair(p.head_dim, p.head_dim_v) + " " +
-         to_string(p.dtype);
+  std::string s = std::to_string(p.batch) + "x" + pair(p.heads_q, p.heads_kv) + "x" +
+                  pair(p.seqlen_q, p.seqlen_k) + "x" + pair(p.head_dim, p.head_dim_v) + " " +
+                  to_string(p.dtype);
+  if (!p.decode) return s;
+  s += " kvcache";
+  if (p.page_size > 0) s += " paged(" + std::to_string(p.page_size) + ")";
+  if (p.seqlen_new > 0) s += " append(" + std::to_string(p.seqlen_new) + ")";
+  return s;
 }
 
 std::string mask_string(const Problem& p) {
@@ -185,11 +190,14 @@ std::vector<Problem> decode_problems(const Sweep& s) {
     p.batch = s.decode_batch;
     p.heads_q = s.decode_heads_q;
     p.heads_kv = s.decode_heads_kv;
-    p.seqlen_q = 1;
+    p.seqlen_q = s.decode_seqlen_q;
     p.seqlen_k = len_k;
     p.head_dim = p.head_dim_v = s.decode_head_dim;
     p.dtype = s.dtype;
     p.device = s.device;
+    p.decode = true;
+    p.page_size = s.decode_page_size;
+    p.seqlen_new = s.decode_seqlen_new;
     out.push_back(p);
   }
   return out;

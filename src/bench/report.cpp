@@ -80,6 +80,18 @@ Status run_bench(const Problem& p, const Options& o, Report* report) {
   return {};
 }
 
+Status run_problems(std::span<const Problem> ps, const Options& o, Report* report,
+                    std::vector<size_t>* groups) {
+  for (const Problem& p : ps) {
+    groups->push_back(report->rows.size());
+    Report step;
+    if (Status s = run_bench(p, o, &step); !s.ok()) return s;
+    merge_footer(*report, step);
+    for (Row& r : step.rows) report->rows.push_back(std::move(r));
+  }
+  return {};
+}
+
 // One mask of the ladder: the rungs in the problem's dtype, and on the GPU in fp32 too
 // (the SIMT rungs can be faster in fp32, where they need no conversions).
 Status run_ladder(const Problem& base, const Options& o, Report* report, std::vector<size_t>* groups) {

@@ -1,5 +1,6 @@
-# Runs one command line and checks its exit code and, optionally, a regex on its stderr:
-#   cmake -DCODE=<exit code> [-DSTDERR=<regex>] -P expect_exit.cmake -- <command> [args...]
+# Runs one command line and checks its exit code and, optionally, a regex on its stderr
+# and one on its stdout:
+#   cmake -DCODE=<exit code> [-DSTDERR=<regex>] [-DSTDOUT=<regex>] -P expect_exit.cmake -- <command> [args...]
 # (ctest's WILL_FAIL only tells zero from non-zero; the CLI's codes say why it failed.)
 set(command "")
 set(seen_dashes FALSE)
@@ -20,4 +21,7 @@ if(NOT rc STREQUAL "${CODE}")
 endif()
 if(NOT "${STDERR}" STREQUAL "" AND NOT err MATCHES "${STDERR}")
   message(FATAL_ERROR "stderr does not match '${STDERR}':\n${err}")
+endif()
+if(NOT "${STDOUT}" STREQUAL "" AND NOT out MATCHES "${STDOUT}")
+  message(FATAL_ERROR "stdout does not match '${STDOUT}':\n${out}")
 endif()

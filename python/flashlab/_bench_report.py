@@ -1,6 +1,8 @@
 """The tables, files and plots of `python -m flashlab.bench` (flashlab.bench runs the sweep;
 this module writes what it measured): a markdown table per pass with FlashLab-over-peer ratio
-columns, bench.csv and bench.json with one record per entry, and plots/{fwd,bwd}.png."""
+columns (decode: GB/s of K+V read; an entry captured in a CUDA graph, name@graph, is compared
+with peers captured alike), bench.csv and bench.json with one record per entry, and
+plots/{fwd,bwd}.png."""
 
 from __future__ import annotations
 
@@ -33,7 +35,13 @@ def _cell(r: Optional[Result], notes: Dict[str, int]) -> str:
 def _label(p) -> str:
     heads = f"{p.heads_q}" if p.heads_q == p.heads_kv else f"{p.heads_q}/{p.heads_kv}"
     seq = f"{p.seqlen_q}" if p.seqlen_q == p.seqlen_k else f"{p.seqlen_q}x{p.seqlen_k}"
-    return f"{p.batch}x{seq}x{heads}x{p.head_dim}"
+    cache = (f" paged({p.page_size})" if p.page_size else "") + \
+        (f" append({p.seqlen_new})" if p.seqlen_new else "") if p.decode else ""
+    return f"{p.batch}x{seq}x{heads}x{p.head_dim}{cache}"
+
+
+def _base(impl: str) -> str:
+    return impl.split("@")[0]
 
 
 def markdown(results: List[Result], header: str) -> str:
@@ -44,11 +52,12 @@ def markdown(results: List[Result], header: str) -> str:
         groups.setdefault((r.problem.backward, r.decode), []).append(r)
     for (backward, decode), rs in groups.items():
         impls = list(dict.fromkeys(r.impl for r in rs))
-        ours = [i for i in impls if i.startswith("flashlab:") or i == "triton_fa2"]
-        peers = [q for q in RATIO_PEERS if q in impls]
-        unit = "TB/s of K+V read" if decode else "TFLOP/s"
+        ours = [i for i in impls if _base(i).startswith("flashlab:") or i == "triton_fa2"]
+        peers = sorted((i for i in impls if _base(i) in RATIO_PEERS),
+                       key=lambda i: RATIO_PEERS.index(_base(i)))
+        unit = "GB/s of K+V read" if decode else "TFLOP/s"
         lines += [f"### {'decode ' if decode else ''}{'backward' if backward else 'forward'} ({unit})", ""]
-        ratios = [(o, q) for o in ours for q in peers]
+        ratios = [(o, q) for o in ours for q in peers if o.endswith("@graph") == q.endswith("@graph")]
         short = lambda i: i.replace("flashlab:", "").replace("sdpa_", "") if i != "sdpa_cpu" else i  # noqa: E731
         head = ["shape B x S x H x D", "causal"] + [i.replace("flashlab:", "") for i in impls] \
             + [f"{short(o)}/{short(q)}" for o, q in ratios]
@@ -80,7 +89,8 @@ def records(results: List[Result]) -> List[dict]:
                    status=row.status, reason=row.reason, ms=row.time_ms, runs=row.timed_runs,
                    rounds=len(row.round_ms), flops=row.flops,
                    tflops=row.tflops if r.value() == r.value() else None,
-                   tbps=r.value() if r.decode and r.value() == r.value() else None,
+                   page_size=p.page_size, seqlen_new=p.seqlen_new,
+                   gbps=r.value() if r.decode and r.value() == r.value() else None,
                    **{f"err_{n}": e for n, e in row.errors.items()})
         out.append(rec)
     return out

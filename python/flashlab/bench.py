@@ -6,9 +6,11 @@ timing it, times every call with one method and counts the FLOPs. This module ad
 peers and the tables. GPU: FlashLab kernels, the Triton rung (flashlab.triton_fa2), PyTorch
 SDPA's flash and cuDNN backends and FlashAttention-4 (flash_attn.cute) when importable, over
 head dim x seqlen at 16k tokens and hidden 2048, causal and not, forward and backward
-(--decode adds one query token against long keys, judged by the bytes of K and V read).
-CPU (--device cpu): cpu_flash and cpu_reference next to PyTorch's CPU SDPA on one shape, at
---seqlen or at each of --seqlens. Outputs (flashlab._bench_report): a markdown table (stdout
+(--quick adds decode problems). CPU (--device cpu): cpu_flash and cpu_reference next to
+PyTorch's CPU SDPA on one shape, at --seqlen or at each of --seqlens. --decode: the
+KV-cache call (forward_kvcache, one query token against a full cache at each of --seqlens,
+paged with --page-size) next to SDPA on [B, H, S, D] copies of the same keys and values,
+judged by GB/s of K and V read; --graphs adds each implementation captured in a CUDA graph. Outputs (flashlab._bench_report): a markdown table (stdout
 and OUT/bench.md), OUT/bench.csv, OUT/bench.json and OUT/plots/*.png (with matplotlib, for a
 pass at two or more seqlens; otherwise one line on stderr says why none was written).
 Method and commands: docs/BENCHMARK.md.
@@ -29,7 +31,7 @@ import warnings
 from typing import Callable, Dict, List, Optional
 
 import flashlab
-from flashlab import _flashlab
+from flashlab import _bench_decode, _flashlab
 from flashlab._bench_report import write_outputs
 
 native = _flashlab.bench
@@ -37,7 +39,10 @@ native = _flashlab.bench
 SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
 GPU_PEERS = ("triton_fa2",) + tuple(SDPA_BACKENDS) + ("fa4",)  # the sweep's order
 CPU_PEERS = ("sdpa_cpu",)
+DECODE_PEERS = tuple(SDPA_BACKENDS)  # --decode on the GPU; the CPU's is sdpa_cpu
+GRAPH = "@graph"  # an entry captured in a CUDA graph, replayed per call (--graphs)
 LADDER_KERNELS = ("naive", "fa1", "fa2_simt")  # seconds per call at 16k tokens: opt-in
+DECODE_SEQLENS = [4096, 16384, 65536]  # cache lengths of the decode problems on the GPU
 
 
 class Skip(Exception):
@@ -50,15 +55,13 @@ class Result:
 
     def __init__(self, impl: str, row):
         self.impl, self.row, self.problem, self.status = impl, row, row.problem, row.status
-        self.decode = self.problem.seqlen_q == 1
+        self.decode = self.problem.decode
 
     def value(self) -> float:
-        """TFLOP/s, or for a decode problem TB/s of K and V read; NaN when not timed."""
+        """TFLOP/s, or for a decode problem GB/s of K and V read; NaN when not timed."""
         if self.status not in ("ok", "unchecked"):
             return math.nan
-        if self.decode:
-            return self.row.kv_bytes / (self.row.time_ms * 1e-3) / 1e12
-        return self.row.tflops
+        return self.row.gbps if self.decode else self.row.tflops
 
 
 # ---- peers -----------------------------------------------------------------------------------
@@ -184,7 +187,64 @@ def make_fa4(p, sets):
         raise Skip(_first_line(e)) from None
 
 
+def make_decode_sdpa(impl: Optional[str], p, sets):
+    """PyTorch SDPA on a decode problem: [B, H, S, D] copies of q and of the keys and values
+    the cache holds (dense_kv), made before timing; enable_gqa where the backend takes it,
+    else K and V expanded to heads_q (the row's bytes stay those of the un-expanded K+V)."""
+    import torch
+    import torch.nn.functional as F
+
+    if p.causal and p.seqlen_q > 1:
+        raise Skip("SDPA's is_causal is top-left aligned when seqlen_q != seqlen_k")
+    context = contextlib.nullcontext
+    if impl is not None:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
+        context = lambda: sdpa_kernel(backend)  # noqa: E731
+    copies = [[x.transpose(1, 2).contiguous() for x in [s["q"]] + _bench_decode.dense_kv(p, s)]
+              for s in sets]
+    group = p.heads_q // p.heads_kv
+
+    def runner(gqa: bool):
+        args = copies if gqa or group == 1 else \
+            [[q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)] for q, k, v in copies]
+        extra = {"enable_gqa": True} if gqa and group > 1 else {}
+
+        def run(i):
+            q, k, v = args[i]
+            with context(), torch.no_grad():
+                o = F.scaled_dot_product_attention(q, k, v, scale=_scale(p), **extra)
+            return {"out": o.transpose(1, 2)}
+        return run
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            run = runner(True)
+            run(0)
+            return run
+        except RuntimeError:
+            pass
+        try:
+            run = runner(False)
+            run(0)
+            return run
+        except RuntimeError as e:
+            raise Skip(_sdpa_refusal(caught, e)) from None
+
+
 def make_peer(impl: str, p, sets):
+    if impl.endswith(GRAPH):
+        base = impl[:-len(GRAPH)]
+        run = _bench_decode.flashlab_runner(base.split(":", 1)[1], p, sets) \
+            if base.startswith("flashlab:") else make_peer(base, p, sets)
+        try:
+            return _bench_decode.graphed(run, len(sets))
+        except RuntimeError as e:
+            raise Skip(f"not capturable in a CUDA graph: {_first_line(e)}") from None
+    if p.decode:
+        return make_decode_sdpa(None if impl == "sdpa_cpu" else impl, p, sets)
     if impl == "triton_fa2":
         return make_triton(p, sets)
     if impl == "fa4":
@@ -200,8 +260,12 @@ def fa4_importable() -> bool:
         importlib.util.find_spec("flash_attn.cute") is not None
 
 
-def gpu_impls(args, backward: bool) -> List[str]:
+def gpu_impls(args, backward: bool, decode: bool = False) -> List[str]:
     names = {k["name"]: k for k in flashlab.kernels() if k["arch"] != "cpu"}
+    if decode:
+        ours = [k for k in args.kernels or ["auto"] if k == "auto" or names.get(k, {}).get("kvcache")]
+        impls = [f"flashlab:{k}" for k in ours] + [q for q in DECODE_PEERS if q in (args.peers or DECODE_PEERS)]
+        return impls + ([i + GRAPH for i in impls] if args.graphs else [])
     if args.kernels:
         chosen = [k for k in args.kernels if k == "auto" or k in names]
     elif backward:
@@ -219,13 +283,24 @@ def cpu_impls(args) -> List[str]:
     return [f"flashlab:{k}" for k in kernels] + [q for q in CPU_PEERS if q in (args.peers or CPU_PEERS)]
 
 
+def decode_problems(args, seqlens: List[int]) -> List[object]:
+    out = native.decode_problems(seqlens, args.batch, args.dtype, args.device, args.heads,
+                                 args.heads_kv or args.heads, args.hdim, args.seqlen or 1, args.page_size,
+                                 args.append)
+    for p in out:
+        p.causal = args.causal_list == [True]
+    return out
+
+
 def problems(args) -> List[object]:
-    if args.device == "cuda":
+    if args.decode:
+        out = decode_problems(args, args.seqlens)
+    elif args.device == "cuda":
         out = native.sweep_problems(args.hdims, args.seqlens, args.causal_list,
                                     "fwd" in args.directions, "bwd" in args.directions,
                                     args.dtype, "cuda")
-        if args.decode:
-            out += native.decode_problems(args.decode_seqlens, args.decode_batch, args.dtype, "cuda")
+        if args.quick:  # the decode problems at their defaults
+            out += native.decode_problems(DECODE_SEQLENS, 1, args.dtype, "cuda")
     else:
         out = []  # the CPU shape, at each of --seqlens (default: --seqlen alone)
         for seqlen, causal, direction in itertools.product(args.seqlens, args.causal_list,
@@ -245,13 +320,14 @@ def input_sets(bench):
     """The harness's input sets as torch tensors (zero copy), or None without torch."""
     if importlib.util.find_spec("torch") is None:
         return None
-    return [{n: x for n in ("q", "k", "v", "dout") if (x := bench.input(i, n)) is not None}
+    names = ("q", "k", "v", "dout", "k_new", "v_new", "cache_seqlens", "block_table")
+    return [{n: x for n in names if (x := bench.input(i, n)) is not None}
             for i in range(bench.set_count)]
 
 
 def prepare(bench, impl: str, p, sets) -> object:
     """The entry of one implementation: checked, ready to time (or refused, with the reason)."""
-    if impl.startswith("flashlab:"):
+    if impl.startswith("flashlab:") and not impl.endswith(GRAPH):
         return bench.add_kernel(impl.split(":", 1)[1])
     if sets is None:
         return bench.refused(impl, "torch is not installed")
@@ -295,7 +371,7 @@ def run(args, footer: Dict[str, str]) -> List[Result]:
         stream = torch.cuda.current_stream().cuda_stream
         if args.spin_up > 0:
             spin_up_gpu(args.spin_up)
-    work = [(p, gpu_impls(args, p.backward) if args.device == "cuda" else cpu_impls(args))
+    work = [(p, gpu_impls(args, p.backward, p.decode) if args.device == "cuda" else cpu_impls(args))
             for p in problems(args)]
     progress = native.Progress(not args.no_progress, sum(len(i) for _, i in work))
     results: List[Result] = []
@@ -312,7 +388,7 @@ def run(args, footer: Dict[str, str]) -> List[Result]:
                 bench.time([entry])
                 results.append(Result(impl, entry.row))
             del entry
-            progress.step(f"{'bwd' if p.backward else 'fwd'} {p.shape} {p.mask} {impl}")
+            progress.step(f"{'bwd' if p.backward else 'dec' if p.decode else 'fwd'} {p.shape} {p.mask} {impl}")
         if turns:
             bench.time([e for _, e in turns])
             results += [Result(impl, e.row) for impl, e in turns]
@@ -372,9 +448,20 @@ def parse_args(argv=None):
                         "per seqlen on the CPU shape, in place of --seqlen")
     p.add_argument("--causal", choices=("0", "1", "both"), default="both")
     p.add_argument("--direction", choices=("fwd", "bwd", "both"))
-    p.add_argument("--decode", action="store_true", help="add the decode sweep (GPU)")
-    p.add_argument("--decode-seqlens", type=_ints, default=[4096, 16384, 65536])
-    p.add_argument("--decode-batch", type=int, default=1)
+    p.add_argument("--decode", action="store_true",
+                   help="the KV-cache call (forward_kvcache) instead of the sweep: --seqlens are "
+                        "the cache lengths (GPU default 4k,16k,64k; CPU 1k,4k), --seqlen the "
+                        "query rows [1], --batch/--heads/--heads-kv/--hdim the shape (GPU "
+                        "default 1 x 32/8 heads x 128, CPU 1 x 8/2 x 128); GB/s of K+V read")
+    p.add_argument("--page-size", type=int, default=0,
+                   help="--decode: a paged cache of this many rows per page, shuffled in the "
+                        "pool (0: contiguous)")
+    p.add_argument("--append", type=int, default=0,
+                   help="--decode: rows each call appends (k_new/v_new); it still attends to "
+                        "the cache length")
+    p.add_argument("--graphs", action="store_true",
+                   help="--decode on the GPU: also each implementation captured in a CUDA graph "
+                        "(name@graph), its time without Python's per-call overhead")
     p.add_argument("--kernels", type=_names,
                    help="FlashLab kernels to run (comma-separated registry names, or auto)")
     p.add_argument("--peers", type=_names,
@@ -404,8 +491,8 @@ def parse_args(argv=None):
     p.add_argument("--no-progress", action="store_true")
     g = p.add_argument_group("CPU shape (--device cpu)")
     g.add_argument("--batch", type=int, default=1)
-    g.add_argument("--heads", type=int, default=8)
-    g.add_argument("--heads-kv", type=int)
+    g.add_argument("--heads", type=int, help="default 8 (--decode on the GPU: 32)")
+    g.add_argument("--heads-kv", type=int, help="default --heads (--decode: 8 on the GPU, 2 on the CPU)")
     g.add_argument("--seqlen", type=int, help="default 4096")
     g.add_argument("--seqlen-k", type=int)
     g.add_argument("--hdim", type=int, default=128)
@@ -425,14 +512,23 @@ def parse_args(argv=None):
     args.directions = ["fwd", "bwd"] if args.direction == "both" else [args.direction]
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(8), "little")
-    if args.device == "cpu":
+    cuda = args.device == "cuda"
+    if not args.decode and (args.page_size or args.append or args.graphs):
+        p.error("--page-size, --append and --graphs belong to --decode")
+    if args.graphs and not cuda:
+        p.error("--graphs captures CUDA graphs: it needs --device cuda")
+    if args.decode and args.heads is None:
+        args.heads, args.heads_kv = (32, args.heads_kv or 8) if cuda else (8, args.heads_kv or 2)
+    args.heads = args.heads or 8
+    if args.decode:
+        args.seqlens = args.seqlens or (DECODE_SEQLENS if cuda else [1024, 4096])
+    elif args.device == "cpu":
         if args.seqlens and args.seqlen:
             p.error("--seqlen and --seqlens: give one (on the CPU, --seqlens takes the place of --seqlen)")
         args.seqlens = args.seqlens or [args.seqlen or 4096]
     elif not args.seqlens:
         args.seqlens = [1024, 4096, 16384] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     if args.quick:
-        args.decode = args.device == "cuda"
         args.iters, args.warmup, args.budget = min(args.iters, 10), min(args.warmup, 2), 1.0
         args.warmup_ms = min(args.warmup_ms, 50.0)
     return args

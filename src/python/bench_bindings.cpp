@@ -171,6 +171,9 @@ void bind_bench(nb::module_& m) {
       .def_rw("window_right", &Problem::window_right)
       .def_rw("softcap", &Problem::softcap)
       .def_rw("backward", &Problem::backward)
+      .def_rw("decode", &Problem::decode)
+      .def_rw("page_size", &Problem::page_size)
+      .def_rw("seqlen_new", &Problem::seqlen_new)
       .def_rw("quadratic_workspace_limit", &Problem::quadratic_workspace_limit)
       .def("__copy__", [](const Problem& p) { return p; })
       .def_prop_ro("flops", &pass_flops)
@@ -190,13 +193,19 @@ void bind_bench(nb::module_& m) {
         nb::arg("head_dims"), nb::arg("seqlens"), nb::arg("causal"), nb::arg("forward"),
         nb::arg("backward"), nb::arg("dtype"), nb::arg("device"));
   b.def("decode_problems",
-        [](std::vector<int> seqlens, int batch, const std::string& dtype, const std::string& device) {
+        [](std::vector<int> seqlens, int batch, const std::string& dtype, const std::string& device,
+           int heads_q, int heads_kv, int head_dim, int seqlen_q, int page_size, int seqlen_new) {
           Sweep s;
           s.decode_seqlens = std::move(seqlens), s.decode_batch = batch;
           s.dtype = parse_dtype(dtype), s.device = parse_device(device);
+          s.decode_heads_q = heads_q, s.decode_heads_kv = heads_kv, s.decode_head_dim = head_dim;
+          s.decode_seqlen_q = seqlen_q, s.decode_page_size = page_size, s.decode_seqlen_new = seqlen_new;
           return decode_problems(s);
         },
-        nb::arg("seqlens"), nb::arg("batch"), nb::arg("dtype"), nb::arg("device"));
+        nb::arg("seqlens"), nb::arg("batch"), nb::arg("dtype"), nb::arg("device"), nb::arg("heads_q") = 32,
+        nb::arg("heads_kv") = 8, nb::arg("head_dim") = 128, nb::arg("seqlen_q") = 1, nb::arg("page_size") = 0,
+        nb::arg("seqlen_new") = 0,
+        "KV-cache problems (Problem.decode), one per cache length in `seqlens`");
 
   // Like Problem's above: nanobind lists a struct's fields one .def_rw each.
   nb::class_<TimingOptions>(b, "TimingOptions")
@@ -224,6 +233,7 @@ void bind_bench(nb::module_& m) {
       .def_ro("flops", &Row::flops)
       .def_ro("tflops", &Row::tflops)
       .def_ro("kv_bytes", &Row::kv_bytes)
+      .def_prop_ro("gbps", &Row::gbps)
       .def_ro("workspace_bytes", &Row::workspace_bytes)
       .def_prop_ro("errors", [](const Row& r) {
         nb::dict d;
@@ -262,7 +272,9 @@ void bind_bench(nb::module_& m) {
            [](PyBench& s, int set, const std::string& name, const std::string& framework) {
              static const std::pair<const char*, Operand> kOperands[] = {
                  {"q", Operand::kQ}, {"k", Operand::kK}, {"v", Operand::kV},
-                 {"out", Operand::kOut}, {"lse", Operand::kLse}, {"dout", Operand::kDout}};
+                 {"out", Operand::kOut}, {"lse", Operand::kLse}, {"dout", Operand::kDout},
+                 {"k_new", Operand::kKNew}, {"v_new", Operand::kVNew},
+                 {"cache_seqlens", Operand::kCacheSeqlens}, {"block_table", Operand::kBlockTable}};
              for (const auto& [n, op] : kOperands)
                if (name == n) {
                  const Tensor t = s.bench->input(set, op);
@@ -274,7 +286,8 @@ void bind_bench(nb::module_& m) {
            },
            nb::arg("set"), nb::arg("name"), nb::arg("framework") = "torch",
            "A view of one operand of input set `set` as a torch tensor (or framework='numpy'); "
-           "None when the pass has no such operand")
+           "None when the pass has no such operand. Decode: k and v are the caches, with "
+           "k_new, v_new, cache_seqlens and block_table")
       .def("add_kernel",
            [](PyBench& s, const std::string& name) {
              Entry e;

@@ -252,3 +252,61 @@ def test_a_run_without_a_plot_says_why(argv, why, tmp_path, capsys):
         assert bench.main(_TINY + argv + out) == 0
     assert why in capsys.readouterr().err
     fig.savefig.assert_not_called()
+
+
+# ---- --decode: the KV-cache call ----------------------------------------------------------------
+
+
+def _decode_problem(page_size=16, append=1):
+    p = native.decode_problems([40], 2, "fp32", "cpu", heads_q=4, heads_kv=2, head_dim=16,
+                               page_size=page_size, seqlen_new=append)[0]
+    assert p.decode and (p.seqlen_q, p.seqlen_k, p.page_size, p.seqlen_new) == (1, 40, page_size, append)
+    return p
+
+
+@pytest.mark.parametrize("table_in_pool_order", [False, True])
+def test_a_decode_peer_is_checked_against_the_gathered_cache(table_in_pool_order):
+    p = _decode_problem()
+    b = _bench(p)
+    s = {n: b.input(0, n, "numpy") for n in ("q", "k", "v", "k_new", "v_new", "cache_seqlens",
+                                             "block_table")}
+    assert s["block_table"].shape == (2, 3) and sorted(s["block_table"].ravel()) == list(range(6))
+    assert list(s["cache_seqlens"]) == [39, 39]
+    table = np.arange(6).reshape(2, 3) if table_in_pool_order else s["block_table"]
+    k, v = (np.concatenate([c[table].reshape(2, 48, 2, 16)[:, :39], new], 1)
+            for c, new in ((s["k"], s["k_new"]), (s["v"], s["v_new"])))
+
+    e = b.add("numpy", lambda i: {"out": _attention(s["q"], k, v, False).astype(np.float32)})
+    assert e.row.status == ("FAIL" if table_in_pool_order else "ok"), e.row.reason
+    assert e.row.kv_bytes == 2 * 2 * 40 * 2 * 16 * 4
+
+
+def test_a_cpu_decode_run_reports_gbps(tmp_path, capsys):
+    rc = bench.main(["--device", "cpu", "--decode", "--seqlens", "64,200", "--heads", "4",
+                     "--heads-kv", "2", "--hdim", "32", "--page-size", "16", "--append", "1",
+                     "--budget", "0.05", "--warmup-ms", "0", "--threads", "1", "--no-progress",
+                     "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "### decode forward (GB/s of K+V read)" in out
+    assert "| 1x1x200x4/2x32 paged(16) append(1) | no |" in out
+    recs = json.loads((tmp_path / "bench.json").read_text())["results"]
+    ours = [r for r in recs if r["impl"].startswith("flashlab:")]
+    assert sorted((r["impl"], r["seqlen_k"]) for r in ours) == \
+        [(f"flashlab:{k}", s) for k in ("cpu_flash", "cpu_reference") for s in (64, 200)]
+    assert all(r["status"] == "ok" and r["gbps"] > 0 and r["decode"] for r in ours)
+
+
+def test_decode_flags_and_entries():
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cpu", "--page-size", "16"])  # without --decode
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cpu", "--decode", "--graphs"])  # graphs need CUDA
+    args = bench.parse_args(["--device", "cpu", "--decode"])
+    assert (args.heads, args.heads_kv, args.seqlens) == (8, 2, [1024, 4096])
+    assert [(p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k) for p in bench.problems(args)] == \
+        [(8, 2, 1, 1024), (8, 2, 1, 4096)]
+    args.graphs = True
+    assert bench.gpu_impls(args, False, True) == [
+        "flashlab:auto", "sdpa_flash", "sdpa_cudnn",
+        "flashlab:auto@graph", "sdpa_flash@graph", "sdpa_cudnn@graph"]

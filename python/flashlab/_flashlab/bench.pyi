@@ -91,6 +91,24 @@ class Problem:
     def backward(self, arg: bool, /) -> None: ...
 
     @property
+    def decode(self) -> bool: ...
+
+    @decode.setter
+    def decode(self, arg: bool, /) -> None: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    @page_size.setter
+    def page_size(self, arg: int, /) -> None: ...
+
+    @property
+    def seqlen_new(self) -> int: ...
+
+    @seqlen_new.setter
+    def seqlen_new(self, arg: int, /) -> None: ...
+
+    @property
     def quadratic_workspace_limit(self) -> int: ...
 
     @quadratic_workspace_limit.setter
@@ -112,7 +130,8 @@ class Problem:
 
 def sweep_problems(head_dims: Sequence[int], seqlens: Sequence[int], causal: Sequence[bool], forward: bool, backward: bool, dtype: str, device: str) -> list[Problem]: ...
 
-def decode_problems(seqlens: Sequence[int], batch: int, dtype: str, device: str) -> list[Problem]: ...
+def decode_problems(seqlens: Sequence[int], batch: int, dtype: str, device: str, heads_q: int = 32, heads_kv: int = 8, head_dim: int = 128, seqlen_q: int = 1, page_size: int = 0, seqlen_new: int = 0) -> list[Problem]:
+    """KV-cache problems (Problem.decode), one per cache length in `seqlens`"""
 
 class TimingOptions:
     def __init__(self) -> None: ...
@@ -186,6 +205,9 @@ class Row:
     def kv_bytes(self) -> float: ...
 
     @property
+    def gbps(self) -> float: ...
+
+    @property
     def workspace_bytes(self) -> int: ...
 
     @property
@@ -214,7 +236,7 @@ class Bench:
 
     def input(self, set: int, name: str, framework: str = 'torch') -> object:
         """
-        A view of one operand of input set `set` as a torch tensor (or framework='numpy'); None when the pass has no such operand
+        A view of one operand of input set `set` as a torch tensor (or framework='numpy'); None when the pass has no such operand. Decode: k and v are the caches, with k_new, v_new, cache_seqlens and block_table
         """
 
     def add_kernel(self, arg: str, /) -> Entry: ...

@@ -1,0 +1,71 @@
+"""The decode mode of `python -m flashlab.bench` (--decode): what its entries call besides the
+native harness's own forward_kvcache rows. An input set of a decode problem holds the caches
+k and v (paged: [num_pages, page_size, Hkv, D] with a block_table), cache_seqlens, and
+k_new/v_new when each call appends; the harness checks every entry against a dense forward
+on the keys and values the cache holds.
+
+- dense_kv: those keys and values as [B, L, Hkv, D], gathered through the block table, the
+  appended rows last: what a peer without a KV cache attends to.
+- flashlab_runner: flashlab.flash_attn_with_kvcache, the Python call, on an input set.
+- graphed: any entry captured once per input set in a CUDA graph and replayed per call, so
+  that its time is the GPU's without Python's per-call overhead (--graphs).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+Run = Callable[[int], Dict[str, object]]
+
+
+def dense_kv(p, s: Dict[str, object]) -> List[object]:
+    """[K, V] of input set `s`, each [B, seqlen_k, Hkv, D] (copies when paged or appending)."""
+    import torch
+
+    kept = p.seqlen_k - p.seqlen_new
+    out = []
+    for cache_name, new_name in (("k", "k_new"), ("v", "v_new")):
+        cache = s[cache_name]
+        if p.page_size:
+            pages = cache[s["block_table"].long()]  # [B, pages per sequence, page_size, Hkv, D]
+            cache = pages.reshape(p.batch, -1, p.heads_kv, cache.shape[-1])
+        x = cache[:, :kept]
+        if p.seqlen_new:
+            x = torch.cat([x, s[new_name]], 1)
+        out.append(x)
+    return out
+
+
+def flashlab_runner(kernel: str, p, sets: List[Dict[str, object]]) -> Run:
+    """flashlab.flash_attn_with_kvcache on input set i, appending k_new/v_new when present."""
+    import flashlab
+
+    def run(i: int) -> Dict[str, object]:
+        s = sets[i]
+        out = flashlab.flash_attn_with_kvcache(
+            s["q"], s["k"], s["v"], k=s.get("k_new"), v=s.get("v_new"),
+            cache_seqlens=s["cache_seqlens"], block_table=s.get("block_table"),
+            causal=p.causal, kernel=kernel)
+        return {"out": out}
+    return run
+
+
+def graphed(run: Run, set_count: int) -> Run:
+    """`run` captured in one CUDA graph per input set (after an uncaptured call, which loads
+    modules and allocates); the returned run(i) replays set i's graph on the current stream
+    and returns the outputs that graph writes."""
+    import torch
+
+    graphs, outputs = [], []
+    for i in range(set_count):
+        run(i)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outputs.append(run(i))
+        graphs.append(g)
+
+    def replay(i: int) -> Dict[str, object]:
+        graphs[i].replay()
+        return outputs[i]
+    return replay

@@ -6,7 +6,7 @@
 //             softmax of its rows over its share of the keys, written as a partial O (fp32,
 //             normalized) and its LSE; with one split, O and LSE directly;
 //   combine   the splits merged per row: LSE = log Σ_s e^LSE_s, O = Σ_s e^(LSE_s − LSE) O_s
-//             (docs/flash-decoding.md derives it).
+//             (docs/learn/flash-decoding.md derives it).
 //
 // GQA packing: the g = heads_q / heads_kv query heads that share a KV head are one CTA's rows,
 // packed row r = i·g + j for query i and head j of the group, so K and V are read once per
@@ -204,7 +204,7 @@ struct KvOut {
 //   kKeysPerWarp = true, for blocks of at most 16 packed rows (a decode step): every warp
 //     owns the 16 rows and a quarter of each tile's keys, with a softmax state of its own,
 //     and the four (max, sum, O) are merged through shared memory at the end, as split-KV
-//     merges splits. On the H100 a decode step's single math warp (the first arrangement)
+//     merges splits. On an H200 a decode step's single math warp (the first arrangement)
 //     kept the other warps waiting at the tile barrier for 42% of their cycles.
 template <class Tr, int kStages, bool kKeysPerWarp>
 __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)

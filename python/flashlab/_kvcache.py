@@ -11,7 +11,7 @@ Imported at the end of flashlab/__init__.py, after the helpers it uses are defin
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from . import _check_arrays, _flashlab
 from ._options import Array, int32, kernel_for, options, window
@@ -66,6 +66,19 @@ def _empty(shape: Tuple[int, ...], like: Array, dtype: Any, torch_: bool) -> Arr
     import numpy as np
 
     return np.empty(shape, dtype=dtype)
+
+
+def _crossing(tensors: Sequence[Optional[Array]], torch_: bool) -> List[Any]:
+    """What one native call takes: NumPy arrays as they are; torch tensors as DLPack capsules
+    made fresh per call (a capsule is consumed once). tensor.__dlpack__() would make the
+    legacy default stream wait on the current one, an event per tensor per call; with
+    capsules, a call on tiny CPU tensors measured 64 -> 34 us (median of 12 alternating
+    rounds, one thread, 2-core AMD EPYC). _torch_ops.py does the same."""
+    if not torch_:
+        return list(tensors)
+    from torch.utils.dlpack import to_dlpack
+
+    return [None if t is None else to_dlpack(t) for t in tensors]
 
 
 def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optional[Array] = None,
@@ -147,8 +160,8 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
         opts.stream = torch.cuda.current_stream(q.device).cuda_stream
     out = _empty((batch, seqlen_q, heads_q, v_cache.shape[3]), q, q.dtype, torch_)
     lse = _empty((batch, heads_q, seqlen_q), q, "float32", torch_) if return_softmax_lse else None
-    args = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, out, lse,
-            opts)
-    opts.workspace = _empty((_flashlab.forward_kvcache(*args, True),), q, "uint8", torch_)
-    _flashlab.forward_kvcache(*args)
+    tensors = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, out, lse)
+    size = _flashlab.forward_kvcache(*_crossing(tensors, torch_), opts, True)
+    opts.workspace = _crossing((_empty((size,), q, "uint8", torch_),), torch_)[0]
+    _flashlab.forward_kvcache(*_crossing(tensors, torch_), opts)
     return (out, lse) if return_softmax_lse else out

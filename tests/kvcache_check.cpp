@@ -6,6 +6,8 @@
 #include <limits>
 #include <numeric>
 
+#include "common/mask.h"
+
 namespace flashlab::test {
 
 KvCacheArgs KvCall::args(std::string_view kernel) const {
@@ -41,6 +43,17 @@ std::vector<double> shuffled(int64_t n, std::mt19937_64& rng) {
   std::iota(v.begin(), v.end(), 0.0);
   std::shuffle(v.begin(), v.end(), rng);
   return v;
+}
+
+// Logical index of row `pos` (head 0, element 0) of sequence b in a cache.
+int64_t cache_index(const KvCall& k, const KvCase& c, int b, int pos) {
+  const int64_t row_elems = int64_t(c.heads_kv) * c.head_dim;
+  if (c.page_size > 0) {
+    const int64_t page = int64_t(k.block_table.get(b * k.block_table.shape()[1] + pos / c.page_size));
+    return (page * c.page_size + pos % c.page_size) * row_elems;
+  }
+  const int64_t r = c.permuted ? int64_t(k.batch_idx.get(b)) : b;
+  return (r * c.capacity + pos) * row_elems;
 }
 
 }  // namespace
@@ -85,6 +98,20 @@ KvCall make_call(const KvCase& c, std::mt19937_64& rng) {
   }
   k.seqlens = HostTensor(DType::kI32, {B});
   k.seqlens.assign(std::vector<double>(c.cached.begin(), c.cached.end()));
+  if (c.nan_hidden) {
+    const MaskPolicy mask = MaskPolicy::make(c.window_left, c.window_right, c.causal, c.seqlen_q,
+                                             c.capacity, c.softcap);
+    const int64_t row_elems = int64_t(c.heads_kv) * c.head_dim;
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    for (int b = 0; b < B; ++b) {
+      const int len = c.cached[b] + c.seqlen_new;
+      for (int pos = 0; pos < mask.key_begin(0, c.seqlen_q, len); ++pos)
+        for (int64_t e = 0; e < row_elems; ++e) {
+          k.k_cache.set(cache_index(k, c, b, pos) + e, nan);
+          k.v_cache.set(cache_index(k, c, b, pos) + e, nan);
+        }
+    }
+  }
   k.out = HostTensor(c.dtype, {B, c.seqlen_q, c.heads_q, c.head_dim});
   k.lse = HostTensor(DType::kF32, {B, c.heads_q, c.seqlen_q});
   k.out.poison();
@@ -93,17 +120,6 @@ KvCall make_call(const KvCase& c, std::mt19937_64& rng) {
 }
 
 namespace {
-
-// Logical index of row `pos` (head 0, element 0) of sequence b in a cache.
-int64_t cache_index(const KvCall& k, const KvCase& c, int b, int pos) {
-  const int64_t row_elems = int64_t(c.heads_kv) * c.head_dim;
-  if (c.page_size > 0) {
-    const int64_t page = int64_t(k.block_table.get(b * k.block_table.shape()[1] + pos / c.page_size));
-    return (page * c.page_size + pos % c.page_size) * row_elems;
-  }
-  const int64_t r = c.permuted ? int64_t(k.batch_idx.get(b)) : b;
-  return (r * c.capacity + pos) * row_elems;
-}
 
 // The caches as they must be after the call: the new rows written by hand.
 void append_by_hand(const KvCall& k, const KvCase& c, HostTensor* kc, HostTensor* vc) {

@@ -37,6 +37,9 @@ struct KvCase {
   float softcap = 0.f;
   int head_dim = 32;
   int num_splits = 0;
+  // NaN in every K and V row of the cache that no query of its sequence sees (left of the
+  // first query's window): the output must not change (docs/DESIGN.md, non-finite values).
+  bool nan_hidden = false;
 };
 
 // The tensors of one case, on the host.

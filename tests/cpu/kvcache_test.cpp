@@ -31,6 +31,8 @@ std::vector<KvCase> cases() {
   cs.push_back({"fp32_permuted_batch_idx_append2", kF32, 1, 8, 2, 256, 0, {10, 200, 90}, 2, true});
   cs.push_back({"bf16_permuted_window_sq16", kBF16, 16, 8, 8, 192, 0, {150, 40}, 0, true});
   cs.back().window_left = 20, cs.back().window_right = 5;
+  cs.push_back({"fp32_paged16_window_nan_hidden", kF32, 1, 8, 2, 256, 16, {200, 90, 30}, 1});
+  cs.back().window_left = 40, cs.back().nan_hidden = true;
   return cs;
 }
 

@@ -2,8 +2,9 @@
 // the fp64 oracle on the gathered cache (kvcache_check.h says what each case checks): both
 // half dtypes, head dims 64/128/256, GQA 1/4/8, query lengths 1/4/16, contiguous caches
 // (with and without cache_batch_idx) and paged ones of every page size from 16 to 256,
-// append, zero-length caches, causal, windows and softcap, and split counts chosen by the
-// kernel, forced to 1 and forced above the key tiles a sequence has.
+// append, zero-length caches, causal, windows and softcap, NaN in the rows no query sees,
+// and split counts chosen by the kernel, forced to 1 and forced above the key tiles a
+// sequence has.
 // Then the device tables' clamping: out-of-range cache_seqlens, cache_batch_idx and
 // block_table values give results in bounds (compute-sanitizer memcheck checks the "in
 // bounds" part on these exact-size allocations).
@@ -49,6 +50,11 @@ std::vector<KvCase> gpu_cases() {
   w->window_left = 100, w->window_right = 0, w->softcap = 30.f;
   auto* w2 = add({"fp16_d64_window_both_sq16", kF16, 16, 8, 8, 768, 0, {700, 40}, 0, true}, 64);
   w2->window_left = 50, w2->window_right = 7;
+  // NaN in the cache rows left of every query's window: out unchanged (zero-filled loads).
+  auto* h1 = add({"bf16_d128_window_nan_hidden_decode", kBF16, 1, 8, 2, 1024, 0, {1000, 300, 90}, 1}, 128);
+  h1->window_left = 100, h1->nan_hidden = true;
+  auto* h2 = add({"fp16_d64_paged32_causal_window_nan_hidden", kF16, 4, 8, 2, 1024, 32, {900, 200}, 4}, 64);
+  h2->causal = true, h2->window_left = 150, h2->nan_hidden = true;
   // Split counts: one, and more than the shortest sequence has key tiles (empty splits).
   add({"bf16_d128_one_split", kBF16, 1, 8, 2, 2048, 0, {2000, 700}}, 128)->num_splits = 1;
   add({"bf16_d128_many_splits", kBF16, 4, 8, 2, 2048, 32, {2000, 70, 0}, 4}, 128)->num_splits = 40;

@@ -261,7 +261,10 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     return q + (pr / g) * p.q_row_stride + (hk * g + pr % g) * p.q_head_stride;
   };
   // Tile n's rows from the cache into stage st. Where a page holds whole tiles, the tile's
-  // rows are consecutive in one page: one table read per tile instead of one per row.
+  // rows are consecutive in one page: one table read per tile instead of one per row. Rows
+  // that no query of the block sees ([kb, ke) is what they see) are zero-filled, not read:
+  // the mask hides them anyway, and a NaN or Inf there would reach every row through the
+  // MMA's 0 · NaN (docs/DESIGN.md, non-finite values).
   const bool tile_in_page = p.block_table == nullptr || p.page_size % kBlockN == 0;
   auto load_kv = [&](int n, int st) {
     const int j0 = n * kBlockN;
@@ -270,7 +273,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     auto row_of = [&](const Element* cache, int64_t base, int64_t batch_stride, int64_t row_stride) {
       return [=, &p, &seq](int row) -> const Element* {
         const int pos = j0 + row;
-        if (pos >= len_k) return nullptr;
+        if (pos < kb || pos >= ke) return nullptr;
         return cache + (tile_in_page ? base + row * row_stride
                                      : cache_offset(p, seq, b, pos, batch_stride, row_stride));
       };

@@ -7,8 +7,8 @@ NumPy only (no flashlab extension, no torch):
   against central finite differences as well;
 - examples/learn/worked_example.py runs, and its output is a code block of
   docs/learn/theory.md and of docs/zh/learn/theory.md, verbatim;
-- every docs/learn/*.md has a docs/zh/learn/ twin with the same heading levels in the same
-  order and the same code blocks;
+- every docs/learn/**/*.md has a docs/zh/learn/ twin (same relative path) with the same
+  heading levels in the same order and the same code blocks;
 - every relative link in docs/ and README.md names an existing file (fragments stripped).
 """
 
@@ -161,10 +161,11 @@ def test_worked_example_output_is_on_the_page():
 
 
 def test_every_learn_page_has_a_chinese_twin():
-    pages = sorted((ROOT / "docs" / "learn").glob("*.md"))
+    learn = ROOT / "docs" / "learn"
+    pages = sorted(learn.rglob("*.md"))  # subfolders too (docs/learn/basics/)
     assert pages, "docs/learn/ holds no page"
     for en in pages:
-        zh = ROOT / "docs" / "zh" / "learn" / en.name
+        zh = ROOT / "docs" / "zh" / "learn" / en.relative_to(learn)
         assert zh.is_file(), f"{en.relative_to(ROOT)} has no twin {zh.relative_to(ROOT)}"
         h_en, c_en, _ = _parse(en.read_text("utf-8"))
         h_zh, c_zh, _ = _parse(zh.read_text("utf-8"))

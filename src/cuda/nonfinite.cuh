@@ -56,8 +56,8 @@ struct RowsAgain {
 // escapes into the call, so the caller keeps its softmax state and O in registers through
 // the mainloop (with the row max passed by reference, ptxas stored it to the stack at every
 // key block of cute_fa3). What the test and this call cost is in docs/RESULTS.md ("What the
-// non-finite guarantee costs"): within noise at head dims 128 and 256 and for fa2_mma; at
-// head dim 64, cute_fa3 3-5% and cute_fa2 2-4% (H200).
+// non-finite guarantee costs"): within noise for cute_fa2 and fa2_mma and at head dim 128;
+// at head dim 64, cute_fa3 2-4% (H100).
 template <class T, int kHeadDim, int kRows, int kCols>
 __device__ __noinline__ RowsAgain<kRows, kCols> sum_rows_again(const FwdParams& p, const T* q,
                                                               const T* k, const T* v, int len_q,

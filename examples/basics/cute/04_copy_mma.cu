@@ -12,7 +12,8 @@
 // The CPU check: the partitions cover C and the shared tile exactly once, and the fp32 CPU
 // GEMM equals the fp64 one on inputs chosen so that every sum is exact (multiples of 1/8 in
 // [-2, 2]: every product and partial sum is exact in fp32). Every GPU result must then equal
-// the CPU's bit for bit. Without a GPU: `skip: <reason>`.
+// the CPU's (a wrong product would move an element by a multiple of 1/64; the check allows
+// less than 1/128). Without a GPU: `skip: <reason>`.
 //   run: examples/basics/cute/04_copy_mma     (page: docs/learn/basics/cute-copy-mma.md)
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_atom.hpp>
@@ -173,13 +174,6 @@ void host_checks(basics::Check& check, const std::vector<bf16>& a, const std::ve
   check.done("cpu");
 }
 
-bool same(const std::vector<float>& got, const std::vector<float>& want) {
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] != want[i]) return false;
-  }
-  return true;
-}
-
 }  // namespace copy_mma
 
 int main() {
@@ -205,7 +199,9 @@ int main() {
     launch();
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaDeviceSynchronize());
-    check.expect(same(basics::to_host(dc, kM * kN), ref), name);
+    const double diff = basics::max_abs_diff(basics::to_host(dc, kM * kN), ref);
+    std::printf("%s: max |C - CPU| = %g\n", name, diff);
+    check.expect(diff < basics::kExactTolerance, name);
     check.done(name);
   };
   run("cp.async + ldmatrix + mma.sync, Swizzle<3,3,3>",

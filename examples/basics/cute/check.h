@@ -3,7 +3,10 @@
 // rest (CUDA_CHECK, the no-GPU skip, the timer) from ../cuda/basics.cuh.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <vector>
 
 namespace basics {
 
@@ -31,5 +34,17 @@ struct Check {
   int exit_code() const { return total_failed == 0 ? 0 : 1; }
   int total_failed = 0;
 };
+
+// The largest |got - want|. The GEMM programs feed multiples of 1/8 in [-2, 2]: every product
+// is a multiple of 1/64 and every partial sum is exact in fp32, so a correct result differs
+// by 0 in any summation order, and a wrong or missing product by a multiple of 1/64.
+constexpr double kExactTolerance = 1.0 / 128;
+inline double max_abs_diff(const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = got.size() == want.size() ? 0.0 : INFINITY;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    worst = std::max(worst, std::abs(double(got[i]) - double(want[i])));
+  }
+  return worst;
+}
 
 }  // namespace basics

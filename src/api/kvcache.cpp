@@ -15,6 +15,7 @@
 // 256-byte boundaries), then the inner forward's workspace, sized by the largest of the
 // sequences' workspace_size(ForwardArgs).
 #include <algorithm>
+#include <climits>
 #include <cstring>
 
 #include "api/validate.h"
@@ -179,6 +180,14 @@ Status check_tensors(const KvCacheArgs& a, Plan* p) {
   }
   if (a.maybe_cache_seqlens.present())
     FL_CHECK(check_table(a.maybe_cache_seqlens, "cache_seqlens", 1, "[batch]", a.q, p->batch));
+  // Kernels index a sequence's cache rows with int32.
+  if (p->capacity > INT32_MAX)
+    return invalid("the rows of a sequence's cache (" + std::string(p->paged ? "max_pages·page_size" : "seqlen_cache") +
+                   " = " + to_string(p->capacity) + ") must be < 2^31");
+  // A device table is clamped to the cache's rows, which needs one to exist.
+  if (a.q.device != Device::kCPU && p->batch > 0 && p->capacity > 0 && p->cache_rows == 0)
+    return invalid(std::string(p->paged ? "num_pages (k_cache.shape[0])" : "batch_cache (k_cache.shape[0])") +
+                   " must be >= 1: the device tables are clamped to the cache's rows");
   return {};
 }
 

@@ -204,5 +204,42 @@ TEST_F(KvCacheValidationTest, CudaTensorsNeedADeviceKernel) {
   expect_rejected(k, a, StatusCode::kUnsupported, {"kernel 'cpu_flash' has no KV-cache forward pass"});
 }
 
+// On a device the tables are not read by the host (the kernel clamps them): what the shapes
+// decide is checked before any kernel is chosen, on fake device tensors that nothing reads.
+TEST_F(KvCacheValidationTest, DeviceCallsAreCheckedOnTheHost) {
+  KvCall k = call(contiguous);
+  KvCacheArgs base = valid(k);
+  uintptr_t address = 0x100000;
+  for (Tensor* t : {&base.q, &base.k_cache, &base.v_cache, &base.maybe_k_new, &base.maybe_v_new, &base.out,
+                    &base.maybe_lse, &base.maybe_cache_seqlens}) {
+    t->data = reinterpret_cast<void*>(address += 0x100000);
+    t->device = Device::kCUDA;
+  }
+  KvCacheArgs a = base;
+  a.num_splits = -1;
+  expect_rejected(k, a, StatusCode::kInvalidArgument, {"num_splits must be >= 0"});
+  a = base;
+  a.maybe_cache_seqlens = {};
+  expect_rejected(k, a, StatusCode::kInvalidArgument, {"cache_seqlens must be given with k_new"});
+  a = base;
+  a.maybe_k_new.shape[1] = a.maybe_v_new.shape[1] = 33;  // seqlen_cache is 32
+  expect_rejected(k, a, StatusCode::kInvalidArgument, {"seqlen_new (33) exceeds the 32 rows"});
+
+  KvCall pk = call(paged);
+  KvCacheArgs pa = valid(pk);
+  for (Tensor* t : {&pa.q, &pa.k_cache, &pa.v_cache, &pa.maybe_k_new, &pa.maybe_v_new, &pa.out, &pa.maybe_lse,
+                    &pa.maybe_cache_seqlens, &pa.maybe_block_table}) {
+    t->data = reinterpret_cast<void*>(address += 0x100000);
+    t->device = Device::kCUDA;
+  }
+  KvCacheArgs b = pa;
+  b.k_cache.shape[0] = b.v_cache.shape[0] = 0;  // an empty pool: nothing to clamp a page to
+  expect_rejected(pk, b, StatusCode::kInvalidArgument, {"num_pages (k_cache.shape[0]) must be >= 1"});
+  b = pa;
+  b.maybe_block_table.shape[1] = int64_t(1) << 28;  // 16-row pages: 2^32 rows a sequence
+  b.maybe_block_table.stride[0] = int64_t(1) << 28;
+  expect_rejected(pk, b, StatusCode::kInvalidArgument, {"max_pages·page_size", "must be < 2^31"});
+}
+
 }  // namespace
 }  // namespace flashlab::test

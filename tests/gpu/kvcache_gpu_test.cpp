@@ -1,13 +1,12 @@
 // forward_kvcache on CUDA tensors (cute_fa2's split-KV, src/cuda/sm80/kv_kernel.cuh) against
 // the fp64 oracle on the gathered cache (kvcache_check.h says what each case checks): both
-// half dtypes, head dims 64/128/256, GQA 1/4/8, query lengths 1/4/16, contiguous caches
+// half dtypes, head dims 64/96/128/192/256, GQA 1/4/8, query lengths 1/4/16, contiguous caches
 // (with and without cache_batch_idx) and paged ones of every page size from 16 to 256,
 // append, zero-length caches, causal, windows and softcap, NaN in the rows no query sees,
 // and split counts chosen by the kernel, forced to 1 and forced above the key tiles a
 // sequence has.
 // Then the device tables' clamping: out-of-range cache_seqlens, cache_batch_idx and
-// block_table values give results in bounds (compute-sanitizer memcheck checks the "in
-// bounds" part on these exact-size allocations).
+// block_table values give results in bounds.
 #include <gtest/gtest.h>
 
 #include "gpu_fixture.h"
@@ -55,6 +54,11 @@ std::vector<KvCase> gpu_cases() {
   h1->window_left = 100, h1->nan_hidden = true;
   auto* h2 = add({"fp16_d64_paged32_causal_window_nan_hidden", kF16, 4, 8, 2, 1024, 32, {900, 200}, 4}, 64);
   h2->causal = true, h2->window_left = 150, h2->nan_hidden = true;
+  // Head dims 96 (keys per warp) and 192 (32-key tiles, two stages).
+  add({"bf16_d96_decode_gqa4", kBF16, 1, 8, 2, 1024, 0, {1000, 77}}, 96);
+  add({"fp16_d192_paged64_append4_causal", kF16, 4, 4, 2, 512, 64, {400, 3}, 4}, 192)->causal = true;
+  // More splits than one warp of the combine covers (its loop over splits runs twice).
+  add({"bf16_d128_100_splits", kBF16, 1, 8, 2, 8192, 0, {8000, 6500}}, 128)->num_splits = 100;
   // Split counts: one, and more than the shortest sequence has key tiles (empty splits).
   add({"bf16_d128_one_split", kBF16, 1, 8, 2, 2048, 0, {2000, 700}}, 128)->num_splits = 1;
   add({"bf16_d128_many_splits", kBF16, 4, 8, 2, 2048, 32, {2000, 70, 0}, 4}, 128)->num_splits = 40;
@@ -75,26 +79,42 @@ TEST_P(KvCacheGpuTest, MatchesOracleOnTheGatheredCache) {
 
 INSTANTIATE_TEST_SUITE_P(Cuda, KvCacheGpuTest, ::testing::Values("auto", "cute_fa2"));
 
-// Device tables are clamped, never trusted: each bad value still gives a call that
-// succeeds and writes every out element (which rows it read is unspecified), and the
-// caches outside the clamped rows keep their bytes.
-class KvCacheClampTest : public GpuTest {};
+// Device tables are clamped, never trusted: each bad value still gives a call that succeeds
+// and writes every out and LSE element (which rows it read is unspecified), and nothing
+// outside the tensors: the caches' padding keeps its poison. Named *Gpu* so that
+// scripts/gpu-check.sh runs it under compute-sanitizer, which checks the "in bounds" part on
+// these exact-size allocations.
+class KvCacheGpuClampTest : public GpuTest {};
 
-TEST_F(KvCacheClampTest, BadTablesStayInBounds) {
+TEST_F(KvCacheGpuClampTest, BadTablesStayInBounds) {
 #if FLASHLAB_WITH_CUDA
-  KvCase c{"clamp", kBF16, 1, 8, 2, 256, 64, {100, 200}, 1};
-  c.head_dim = 128;
-  for (int variant = 0; variant < 4; ++variant) {
-    SCOPED_TRACE("variant " + std::to_string(variant));
-    std::mt19937_64 rng = rng_for("kvcache clamp");
-    KvCall k = make_call(variant == 3 ? KvCase{"clamp_contiguous", kBF16, 1, 8, 2, 256, 0, {100, 200}, 1,
-                                               true, false, -1, -1, 0.f, 128}
-                                      : c,
-                         rng);
-    if (variant == 0) k.seqlens.assign({-5, 1 << 30});             // below 0, past the cache
-    if (variant == 1) k.block_table.assign(std::vector<double>(8, 1e9));  // pages past the pool
-    if (variant == 2) k.block_table.assign(std::vector<double>(8, -7));   // negative pages
-    if (variant == 3) k.batch_idx.assign({-1, 99});                // cache rows outside the cache
+  // Pages of 64 rows (one table read per tile) and of 16 (one per row), and a contiguous cache.
+  KvCase paged64{"clamp_paged64", kBF16, 1, 8, 2, 256, 64, {100, 200}, 1};
+  KvCase paged16{"clamp_paged16", kBF16, 1, 8, 2, 256, 16, {100, 200}, 1};
+  KvCase contiguous{"clamp_contiguous", kBF16, 1, 8, 2, 256, 0, {100, 200}, 1, true};
+  struct Variant {
+    const char* what;
+    KvCase* c;
+    void (*bad)(KvCall&);
+  };
+  const Variant variants[] = {
+      {"cache_seqlens below 0 and past the cache", &paged64, [](KvCall& k) { k.seqlens.assign({-5, 1 << 30}); }},
+      {"pages past the pool, 64-row pages", &paged64,
+       [](KvCall& k) { k.block_table.assign(std::vector<double>(k.block_table.numel(), 1e9)); }},
+      {"negative pages, 64-row pages", &paged64,
+       [](KvCall& k) { k.block_table.assign(std::vector<double>(k.block_table.numel(), -7)); }},
+      {"pages past the pool, 16-row pages", &paged16,
+       [](KvCall& k) { k.block_table.assign(std::vector<double>(k.block_table.numel(), 1e9)); }},
+      {"negative pages, 16-row pages", &paged16,
+       [](KvCall& k) { k.block_table.assign(std::vector<double>(k.block_table.numel(), -7)); }},
+      {"cache rows outside the cache", &contiguous, [](KvCall& k) { k.batch_idx.assign({-1, 99}); }},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.what);
+    v.c->head_dim = 128;
+    std::mt19937_64 rng = rng_for(std::string("kvcache clamp ") + v.what);
+    KvCall k = make_call(*v.c, rng);
+    v.bad(k);
     DevicePlacement device;
     KvCacheArgs a = k.args("cute_fa2", device);
     size_t bytes = 0;
@@ -102,10 +122,12 @@ TEST_F(KvCacheClampTest, BadTablesStayInBounds) {
     a.workspace = device.scratch(bytes);
     a.workspace_bytes = bytes;
     ASSERT_OK(forward_kvcache(a));
-    ASSERT_TRUE(device.fetch(k.out) && device.fetch(k.lse) && device.fetch(k.k_cache) && device.ok());
-    EXPECT_TRUE(k.out.padding_untouched("out"));
-    EXPECT_TRUE(k.lse.padding_untouched("lse"));
+    ASSERT_TRUE(device.fetch(k.out) && device.fetch(k.lse) && device.fetch(k.k_cache) &&
+                device.fetch(k.v_cache) && device.ok());
+    EXPECT_TRUE(k.out.written_exactly("out"));
+    EXPECT_TRUE(k.lse.written_exactly("lse"));
     EXPECT_TRUE(k.k_cache.padding_untouched("k_cache"));
+    EXPECT_TRUE(k.v_cache.padding_untouched("v_cache"));
   }
 #endif
 }

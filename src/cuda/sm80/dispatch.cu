@@ -143,7 +143,7 @@ std::string supports_kv(const KvCacheParams& p) {
     return "softmax_scale must be >= 0 without softcap, got " + std::to_string(p.scale);
   const KvEntries in = entries_for<KvEntries>(p);
   if (int64_t(p.batch) * p.heads_kv > INT32_MAX) return "batch·heads_kv must be < 2^31 (grid x)";
-  if ((int64_t(p.seqlen_q) * p.group + in.block_m() - 1) / in.block_m() > 65535)
+  if (kv_row_blocks(p, in.block_m()) > 65535)
     return "seqlen_q·heads_q/heads_kv must be <= " + std::to_string(65535 * in.block_m()) +
            " (grid z of 64-row blocks)";
   return cuda::device_supports(p.device_index, in.smem_bytes(), in.kernel(p));
@@ -158,6 +158,9 @@ constexpr int kMaxSplits = 128;
 // ceil(ctas·s / slots) waves of `slots` = SMs × resident CTAs per SM, and s is the smallest
 // count whose last wave is at least 85% as full as the best count's (FlashAttention-2's rule).
 int kv_splits(const KvCacheParams& p) {
+  // The attribute and occupancy queries act on the current device: make it p's, so that
+  // workspace_kv (called without a guard) and run_kv agree.
+  cuda::DeviceGuard guard(p.device_index);
   const KvEntries in = entries_for<KvEntries>(p);
   const int n_tiles = std::max(1, (p.seqlen_k + in.block_n() - 1) / in.block_n());
   const int most = std::min(kMaxSplits, n_tiles);
@@ -172,8 +175,7 @@ int kv_splits(const KvCacheParams& p) {
     return 1;
   }
   const int64_t slots = int64_t(std::max(sms, 1)) * std::max(resident, 1);
-  const int64_t ctas = int64_t(p.batch) * p.heads_kv *
-                       ((int64_t(p.seqlen_q) * p.group + in.block_m() - 1) / in.block_m());
+  const int64_t ctas = int64_t(p.batch) * p.heads_kv * kv_row_blocks(p, in.block_m());
   if (ctas * 5 >= slots * 4) return 1;  // 80% of a wave already
   auto fill = [&](int s) {
     const int64_t work = ctas * s, waves = (work + slots - 1) / slots;

@@ -4,16 +4,23 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "common/params.h"
 #include "flashlab/flashlab.h"
 
 namespace flashlab::sm80 {
 
+// The blocks of block_m packed query rows of one KV head: its group's query heads times
+// seqlen_q rows (GQA packing, kv_kernel.cuh).
+inline int64_t kv_row_blocks(const KvCacheParams& p, int block_m) {
+  return (int64_t(p.seqlen_q) * p.group + block_m - 1) / block_m;
+}
+
 template <DType kDtype, int kHeadDim>
 struct KvInstance {
   // Appends the new rows, runs the split-KV kernel and, with splits > 1, the combine; on
-  // p.stream. splits: kv_splits()'s choice, its partials in p.workspace (kv_workspace_bytes).
+  // p.stream. splits: dispatch.cu's kv_splits(), the partials in p.workspace (workspace_kv).
   static Status run(const KvCacheParams& p, int splits);
   static const void* kernel(const KvCacheParams& p);  // p's split-KV __global__ function
   static int smem_bytes();      // its dynamic shared memory per CTA

@@ -42,9 +42,12 @@ using namespace cute;
 // Tiles: 64 packed rows on 4 warps (16 rows each), 64 keys per tile (32 past head dim 128),
 // and shared memory for Q plus a ring of kStages (K, V) tiles, so that kStages − 1 tiles are
 // in flight while the MMAs read one:
-//   hdim  BLK_N  stages  smem (Q + stages·(K + V))  CTAs/SM (H100, by smem)
-//     64    64     3       8 + 48  = 56 KiB           4
+//   hdim  BLK_N  stages  smem (Q + stages·(K + V))  CTAs/SM (H100)
+//     64    64     3       8 + 48  = 56 KiB           3 (4 by smem; at 4 by registers, the
+//                                                       64-row arrangement spilled 188 B)
+//     96    64     3      12 + 72  = 84 KiB           2
 //    128    64     3      16 + 96  = 112 KiB          2
+//    192    32     2      24 + 48  = 72 KiB           2
 //    256    32     2      32 + 64  = 96 KiB           2
 template <DType kDtype, int kHeadDim>
 struct KvConfig {
@@ -163,6 +166,17 @@ __host__ __device__ __forceinline__ float* kv_lse_partial(const KvCacheParams& p
   return static_cast<float*>(p.workspace) + splits * kv_rows_all(p) * p.head_dim_v;
 }
 
+// The merge of partial softmaxes of one row (split-KV's splits, or one CTA's warps), each a
+// normalized O_s with its LSE_s: LSE = log Σ_s e^LSE_s, O = Σ_s e^(LSE_s − LSE) O_s, taken
+// about the parts' max m. A part that saw no key has LSE_s = −inf: it weighs 0 and its O is
+// not read; if no part saw a key, LSE = −inf and O = 0.
+__device__ __forceinline__ float part_exp(float lse_s, float m) {  // e^(LSE_s − m)
+  return m == -INFINITY ? 0.f : __expf(lse_s - m);
+}
+__device__ __forceinline__ float merged_lse(float m, float sum) {  // m + log Σ_s e^(LSE_s − m)
+  return sum > 0.f ? m + __logf(sum) : -INFINITY;
+}
+
 // Where a CTA's results go: packed row pr of (sequence b, KV head hk) is query pr / g of
 // head hk·g + pr % g; with one split its normalized O goes to out and its LSE to lse, else
 // both to this split's partials.
@@ -171,9 +185,13 @@ struct KvOut {
   const KvCacheParams& p;
   int b, hk, split, splits;
 
+  // Packed row pr's query i and query head h.
+  __device__ __forceinline__ int2 coords(int pr) const {
+    return make_int2(pr / p.group, hk * p.group + pr % p.group);
+  }
   __device__ __forceinline__ int64_t partial_row(int pr) const {
-    const int i = pr / p.group, h = hk * p.group + pr % p.group;
-    return split * kv_rows_all(p) + (int64_t(b) * p.heads_q + h) * p.seqlen_q + i;
+    const int2 ih = coords(pr);
+    return split * kv_rows_all(p) + (int64_t(b) * p.heads_q + ih.y) * p.seqlen_q + ih.x;
   }
   // Columns col and col + 1 of packed row pr.
   __device__ __forceinline__ void o2(int pr, int col, float v0, float v1) const {
@@ -182,17 +200,17 @@ struct KvOut {
       *reinterpret_cast<float2*>(o) = make_float2(v0, v1);
       return;
     }
-    const int i = pr / p.group, h = hk * p.group + pr % p.group;
-    Element* o = static_cast<Element*>(p.out) + b * p.o_batch_stride + i * p.o_row_stride +
-                 h * p.o_head_stride + col;
+    const int2 ih = coords(pr);
+    Element* o = static_cast<Element*>(p.out) + b * p.o_batch_stride + ih.x * p.o_row_stride +
+                 ih.y * p.o_head_stride + col;
     o[0] = Element(v0), o[1] = Element(v1);
   }
   __device__ __forceinline__ void lse(int pr, float v) const {
     if (splits > 1) {
       kv_lse_partial(p, splits)[partial_row(pr)] = v;
     } else if (p.lse != nullptr) {
-      const int i = pr / p.group, h = hk * p.group + pr % p.group;
-      p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = v;
+      const int2 ih = coords(pr);
+      p.lse[b * p.lse_batch_stride + ih.y * p.lse_head_stride + ih.x] = v;
     }
   }
 };
@@ -409,13 +427,13 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
       for (int w = 0; w < kWarps; ++w) m = fmaxf(m, l[w] = part_lse[w * 16 + row]);
       float sum = 0.f;
       CUTE_UNROLL
-      for (int w = 0; w < kWarps; ++w) sum += m == -INFINITY ? 0.f : exp2f((l[w] - m) * kLog2e);
-      const float all = sum > 0.f ? m + logf(sum) : -INFINITY;
+      for (int w = 0; w < kWarps; ++w) sum += part_exp(l[w], m);
+      const float all = merged_lse(m, sum);
       float v0 = 0.f, v1 = 0.f;
       CUTE_UNROLL
       for (int w = 0; w < kWarps; ++w) {
         if (l[w] == -INFINITY) continue;
-        const float weight = exp2f((l[w] - all) * kLog2e);
+        const float weight = part_exp(l[w], all);
         v0 += weight * part_o[(w * 16 + row) * kHeadDim + col];
         v1 += weight * part_o[(w * 16 + row) * kHeadDim + col + 1];
       }
@@ -441,17 +459,16 @@ __global__ void __launch_bounds__(128) kv_combine_kernel(const __grid_constant__
   for (int s = lane; s < splits; s += 32) m = fmaxf(m, lse_s[s * rows_all]);
   for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
   float sum = 0.f;
-  if (m != -INFINITY)
-    for (int s = lane; s < splits; s += 32) sum += __expf(lse_s[s * rows_all] - m);
+  for (int s = lane; s < splits; s += 32) sum += part_exp(lse_s[s * rows_all], m);
   for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-  const float lse = sum > 0.f ? m + __logf(sum) : -INFINITY;
+  const float lse = merged_lse(m, sum);
 
   constexpr int kPerLane = kHeadDim / 32;  // columns lane·kPerLane + e
   float acc[kPerLane] = {};
   for (int s = 0; s < splits; ++s) {
     const float l = lse_s[s * rows_all];
     if (l == -INFINITY) continue;
-    const float w = __expf(l - lse);
+    const float w = part_exp(l, lse);
     const float* o = static_cast<const float*>(p.workspace) + (s * rows_all + row) * kHeadDim;
     CUTE_UNROLL
     for (int e = 0; e < kPerLane; ++e) acc[e] += w * o[lane * kPerLane + e];
@@ -473,7 +490,7 @@ const void* kv_kernel_for(const KvCacheParams& p) {
   using Config = KvConfig<kDtype, kHeadDim>;
   using Tr = typename Config::Traits;
   if constexpr (Tr::kBlockN == 16 * Tr::kNWarps) {
-    if (int64_t(p.seqlen_q) * p.group <= 16)
+    if (kv_row_blocks(p, 16) <= 1)
       return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, true>);
   }
   return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, false>);
@@ -489,8 +506,10 @@ Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
     kv_append_kernel<Element><<<dim3(p.seqlen_new, p.heads_kv, p.batch), 128, 0, stream>>>(p);
     FL_CUDA_CHECK_LAUNCH();
   }
-  const int row_blocks = (p.seqlen_q * p.group + Tr::kBlockM - 1) / Tr::kBlockM;
-  if (row_blocks == 0) return {};  // no query rows: the append was the whole call
+  // The API runs a call with no query rows only for its append (src/api/dispatch.cpp's
+  // nothing_to_write): then the append is the whole call.
+  const int row_blocks = int(kv_row_blocks(p, Tr::kBlockM));
+  if (row_blocks == 0) return {};
   const void* kernel = kv_kernel_for<kDtype, kHeadDim>(p);
   if (Config::kSmemBytes > 48 * 1024)
     FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -1,4 +1,4 @@
-"""flashlab.flash_attn_with_kvcache on NumPy arrays and torch CPU tensors, against an expected
+"""flashlab.flash_attn_with_kvcache on NumPy arrays, torch CPU and CUDA tensors, against an expected
 cache built here by hand (append at cache_seqlens[b], rotary on the new keys) and the oracle of
 reference.py run per sequence on the gathered rows [0, L_b), causal aligned bottom-right:
 docs/DESIGN.md's rule (check_rule) for fp16, a tight absolute bound for fp32. After an append
@@ -199,6 +199,44 @@ def test_torch_cpu_tensors(rng, paged):
     assert out.dtype == torch.float32 and lse.dtype == torch.float32
     assert np.array_equal(k_cache.numpy(), kc) and np.array_equal(v_cache.numpy(), vc)
     check_outputs(out.numpy(), lse.numpy(), per_seq, causal=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_cuda_tensors_on_the_current_stream(rng, paged):
+    """cute_fa2's split-KV on CUDA tensors, called on a side stream: the same caches and, under
+    the rule, the same outputs as the oracle; an int cache_seqlens becomes a table on q's
+    device; num_splits forced above the key tiles of the shortest sequence."""
+    import torch
+
+    p = Problem(rng, paged=paged, seqlen_new=3, seqlen_q=3, head_dim=128, dtype=np.float16)
+    kc, vc, per_seq = expected(p, causal=True, rotary=False)
+    cuda = lambda a: torch.from_numpy(a.copy()).cuda()  # noqa: E731
+    k_cache, v_cache = cuda(p.k_cache), cuda(p.v_cache)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out, lse = flashlab.flash_attn_with_kvcache(
+            cuda(p.q), k_cache, v_cache, cuda(p.k), cuda(p.v), rotary_cos=cuda(p.cos),
+            rotary_sin=cuda(p.sin), cache_seqlens=cuda(p.seqlens),
+            block_table=None if p.block_table is None else cuda(p.block_table), causal=True,
+            rotary_interleaved=False, num_splits=5, return_softmax_lse=True)
+    torch.cuda.synchronize()
+    assert out.is_cuda and out.dtype == torch.float16 and lse.dtype == torch.float32
+    assert np.array_equal(k_cache.cpu().numpy(), kc) and np.array_equal(v_cache.cpu().numpy(), vc)
+    d = 128
+    mask = dict(scale=float(np.float32(1 / np.sqrt(d))), causal=True)
+    for b, (qb, kb, vb) in enumerate(per_seq):
+        want, want_lse = ref.attention(qb, kb, vb, **mask)
+        check_rule(f"out[{b}]", out[b:b + 1].cpu().numpy(), ref.lowp_attention(qb, kb, vb, **mask),
+                   want)
+        assert max_err(lse[b:b + 1].cpu().numpy(), want_lse) < 1e-3, f"lse[{b}]"
+    # An int cache_seqlens is placed on q's device (no append: the caches are only read).
+    q = cuda(p.q)
+    full = flashlab.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=int(p.seqlens[0]),
+                                           block_table=None if p.block_table is None else
+                                           cuda(p.block_table))
+    assert full.is_cuda and tuple(full.shape) == tuple(q.shape)
 
 
 # ---- refusals ---------------------------------------------------------------------------

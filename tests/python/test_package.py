@@ -29,6 +29,17 @@ def test_one_version():
     assert 'dynamic = ["version"]' in pyproject and "python/flashlab/_version.py" in pyproject
 
 
+def test_one_cutlass_version():
+    """The nvidia-cutlass a CUDA pip build asks for is the version cmake/cutlass.cmake downloads
+    for a plain CMake build."""
+    backend = (ROOT / "tools" / "build_backend" / "flashlab_build.py").read_text()
+    cmake = (ROOT / "cmake" / "cutlass.cmake").read_text()
+    want = re.search(r'CUTLASS_REQUIREMENT = "nvidia-cutlass==([0-9.]+)"', backend)
+    have = re.search(r'set\(FLASHLAB_CUTLASS_VERSION "([0-9.]+)"\)', cmake)
+    assert want and have, "the version strings moved: update this test"
+    assert want[1] == have[1], f"flashlab_build.py asks for {want[1]}, cutlass.cmake has {have[1]}"
+
+
 def test_installed_package_reports_it():
     import flashlab
 

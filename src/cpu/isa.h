@@ -21,9 +21,10 @@
 // one copy for every caller, so a baseline caller could run AVX-512 instructions. Everything
 // a variant compiles (flash_common.h, gemm.h, the forward and the backward) is in
 // flashlab::cpu::<variant>; what it includes from outside (common/*.h, the standard
-// library) is inlined into it at -O3. `nm -C --defined-only` on a flash_<isa>.cpp object
-// shows it (GCC 12.2): its global and weak symbols are all in flashlab::cpu::<isa>, the rest
-// local (OpenMP's outlined regions, the anonymous namespaces).
+// library) is inlined into it at -O3. CTest's isa.symbols (tests/isa_symbols.cmake) checks
+// it on every build that compiles variants: `nm -C --defined-only` of each flash_<isa>.cpp
+// object lists global and weak symbols in flashlab::cpu::<isa> only, the rest local
+// (OpenMP's outlined regions, the anonymous namespaces).
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,35 @@
+# cpu_flash's instruction-set variants (src/cpu/flash_<isa>.cpp, src/cpu/isa.h) must define no
+# global or weak symbol outside their own namespace flashlab::cpu::<isa>: one shared with
+# baseline code (an inline function the compiler left out of line) is one symbol for the
+# linker, which keeps one copy for every caller, and a baseline caller could then run AVX-512
+# instructions. Run by CTest (tests/CMakeLists.txt) with NM and OBJECTS (the library's objects).
+set(bad "")
+set(checked 0)
+foreach(obj IN LISTS OBJECTS)
+  if(NOT obj MATCHES "flash_(avx2|avx512)\\.cpp\\.o$")
+    continue()
+  endif()
+  set(isa "${CMAKE_MATCH_1}")
+  math(EXPR checked "${checked} + 1")
+  execute_process(COMMAND "${NM}" -C --defined-only "${obj}" OUTPUT_VARIABLE symbols RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${NM} failed on ${obj}")
+  endif()
+  string(REPLACE "\n" ";" lines "${symbols}")
+  foreach(line IN LISTS lines)
+    # "address type name": upper-case types (and weak V/W/u) are visible to the linker.
+    if(line MATCHES "^[0-9a-fA-F]+ ([A-Zuvw]) (.*)$")
+      set(name "${CMAKE_MATCH_2}")
+      if(NOT name MATCHES "flashlab::cpu::${isa}::")
+        string(APPEND bad "\n  ${isa}: ${line}")
+      endif()
+    endif()
+  endforeach()
+endforeach()
+if(checked EQUAL 0)
+  message(FATAL_ERROR "no flash_avx2/flash_avx512 object among the library's objects")
+endif()
+if(bad)
+  message(FATAL_ERROR "symbols outside their variant's namespace:${bad}")
+endif()
+message(STATUS "${checked} variant objects: every visible symbol in its own namespace")

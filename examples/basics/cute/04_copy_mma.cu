@@ -18,6 +18,7 @@
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_atom.hpp>
 #include <cute/atom/mma_atom.hpp>
+#include <cutlass/arch/barrier.h>
 
 #include <cmath>
 #include <vector>
@@ -95,7 +96,10 @@ __global__ void __launch_bounds__(kThreads) tma_wgmma_tile(const __grid_constant
   Tensor sA = make_tensor(make_smem_ptr(smem_a), SmemGmma{});
   Tensor sB = make_tensor(make_smem_ptr(smem_b), SmemGmma{});
   const int tid = threadIdx.x;
-  if (tid == 0) initialize_barrier(full, 1);  // one arrival: the thread that issues the copies
+  if (tid == 0) {
+    initialize_barrier(full, 1);            // one arrival: the thread that issues the copies
+    cutlass::arch::fence_barrier_init();    // make the initialized barrier visible to the TMA unit
+  }
   __syncthreads();
   if (tid == 0) {
     set_barrier_transaction_bytes(full, 2 * kM * kK * sizeof(bf16));  // arrive, expect the bytes

@@ -329,8 +329,9 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   const float softcap_pre = softcap ? p.scale / mask.softcap : 0.f;
 
   // ---- the math: S = Q Kᵀ, mask, online softmax, O += P V on one tile's keys ----
-  //   mma: the warps' TiledMma; sQ_, sK_, sVt_: their views of Q and of stage st's K and Vᵀ;
-  //   keys0: the first key of the view; row_of_warp: packed rows start at r0 + that.
+  //   mma: the TiledMma of the arrangement (one warp's, or the four warps'); q_view, k_view,
+  //   vt_view: what it reads of Q and of stage st's K and Vᵀ; keys0: the first key of this
+  //   warp's view in the tile.
   using MmaOne = TiledMmaOf<Element, 1, 1>;  // kKeysPerWarp: one warp, 16 rows
   using Mma = std::conditional_t<kKeysPerWarp, MmaOne, typename Tr::TiledMma>;
   using RowsM = std::conditional_t<kKeysPerWarp, _16, BlkM>;

@@ -258,8 +258,11 @@ def test_kernels_lists_the_registry():
     assert "cpu_reference" in names and "cpu_flash" in names
     assert len(set(names)) == len(names)
     for k in ks:
-        assert set(k) == {"name", "arch", "summary", "forward", "backward"}
+        assert set(k) == {"name", "arch", "summary", "forward", "backward", "kvcache"}
         assert k["summary"] and (k["forward"] or k["backward"])
+        # forward_kvcache runs on the CPU by composing forward(): only device kernels have
+        # a KV-cache pass of their own.
+        assert not (k["kvcache"] and k["arch"] == "cpu")
     assert isinstance(flashlab.cuda_available(), bool)
     if not any(k["arch"] != "cpu" for k in ks):
         assert not flashlab.cuda_available()

@@ -7,114 +7,24 @@ from flashlab._flashlab import bench as bench
 
 class Options:
     def __init__(self) -> None: ...
-
-    @property
-    def cu_seqlens_q(self) -> object: ...
-
-    @cu_seqlens_q.setter
-    def cu_seqlens_q(self, value: object | None) -> None: ...
-
-    @property
-    def cu_seqlens_k(self) -> object: ...
-
-    @cu_seqlens_k.setter
-    def cu_seqlens_k(self, value: object | None) -> None: ...
-
-    @property
-    def max_seqlen_q(self) -> int: ...
-
-    @max_seqlen_q.setter
-    def max_seqlen_q(self, arg: int, /) -> None: ...
-
-    @property
-    def max_seqlen_k(self) -> int: ...
-
-    @max_seqlen_k.setter
-    def max_seqlen_k(self, arg: int, /) -> None: ...
-
-    @property
-    def softmax_scale(self) -> float | None: ...
-
-    @softmax_scale.setter
-    def softmax_scale(self, value: float | None) -> None: ...
-
-    @property
-    def causal(self) -> bool: ...
-
-    @causal.setter
-    def causal(self, arg: bool, /) -> None: ...
-
-    @property
-    def window_left(self) -> int: ...
-
-    @window_left.setter
-    def window_left(self, arg: int, /) -> None: ...
-
-    @property
-    def window_right(self) -> int: ...
-
-    @window_right.setter
-    def window_right(self, arg: int, /) -> None: ...
-
-    @property
-    def softcap(self) -> float: ...
-
-    @softcap.setter
-    def softcap(self, arg: float, /) -> None: ...
-
-    @property
-    def dropout_p(self) -> float: ...
-
-    @dropout_p.setter
-    def dropout_p(self, arg: float, /) -> None: ...
-
-    @property
-    def dropout_seed(self) -> int: ...
-
-    @dropout_seed.setter
-    def dropout_seed(self, arg: int, /) -> None: ...
-
-    @property
-    def dropout_offset(self) -> int: ...
-
-    @dropout_offset.setter
-    def dropout_offset(self, arg: int, /) -> None: ...
-
-    @property
-    def kernel(self) -> str: ...
-
-    @kernel.setter
-    def kernel(self, arg: str, /) -> None: ...
-
-    @property
-    def stream(self) -> int: ...
-
-    @stream.setter
-    def stream(self, arg: int, /) -> None: ...
-
-    @property
-    def workspace(self) -> object: ...
-
-    @workspace.setter
-    def workspace(self, value: object | None) -> None: ...
-
-    @property
-    def num_threads(self) -> int: ...
-
-    @num_threads.setter
-    def num_threads(self, arg: int, /) -> None: ...
-
-    @property
-    def check_inputs(self) -> bool: ...
-
-    @check_inputs.setter
-    def check_inputs(self, arg: bool, /) -> None: ...
-
-    @property
-    def num_splits(self) -> int: ...
-
-    @num_splits.setter
-    def num_splits(self, arg: int, /) -> None: ...
+    cu_seqlens_q: object
+    cu_seqlens_k: object
+    max_seqlen_q: int
+    max_seqlen_k: int
+    softmax_scale: float | None
+    causal: bool
+    window_left: int
+    window_right: int
+    softcap: float
+    dropout_p: float
+    dropout_seed: int
+    dropout_offset: int
+    kernel: str
+    stream: int
+    workspace: object
+    num_threads: int
+    check_inputs: bool
+    num_splits: int
 
 def forward(q: object, k: object, v: object, out: object, lse: object | None, options: Options, size_only: bool = False) -> int: ...
 

@@ -1,6 +1,7 @@
 """The benchmark harness (include/flashlab/bench.h)"""
 
 from collections.abc import Sequence
+from typing import Final
 
 
 class Problem:
@@ -135,93 +136,36 @@ def decode_problems(seqlens: Sequence[int], batch: int, dtype: str, device: str,
 
 class TimingOptions:
     def __init__(self) -> None: ...
-
-    @property
-    def warmup(self) -> int: ...
-
-    @warmup.setter
-    def warmup(self, arg: int, /) -> None: ...
-
-    @property
-    def warmup_ms(self) -> float: ...
-
-    @warmup_ms.setter
-    def warmup_ms(self, arg: float, /) -> None: ...
-
-    @property
-    def iters(self) -> int: ...
-
-    @iters.setter
-    def iters(self, arg: int, /) -> None: ...
-
-    @property
-    def budget_ms(self) -> float: ...
-
-    @budget_ms.setter
-    def budget_ms(self, arg: float, /) -> None: ...
-
-    @property
-    def rounds(self) -> int: ...
-
-    @rounds.setter
-    def rounds(self, arg: int, /) -> None: ...
+    warmup: int
+    warmup_ms: float
+    iters: int
+    budget_ms: float
+    rounds: int
 
 def plan_runs(arg0: float, arg1: TimingOptions, /) -> tuple[int, int]: ...
 
 def median(arg: Sequence[float], /) -> float: ...
 
 class Row:
-    @property
-    def kernel(self) -> str: ...
-
-    @property
-    def problem(self) -> Problem: ...
-
-    @property
-    def status(self) -> str: ...
-
-    @property
-    def reason(self) -> str: ...
-
-    @property
-    def time_ms(self) -> float: ...
-
-    @property
-    def warmup_runs(self) -> int: ...
-
-    @property
-    def timed_runs(self) -> int: ...
-
-    @property
-    def round_ms(self) -> list[float]: ...
-
-    @property
-    def flops(self) -> float: ...
-
-    @property
-    def tflops(self) -> float: ...
-
-    @property
-    def kv_bytes(self) -> float: ...
-
-    @property
-    def gbps(self) -> float: ...
-
-    @property
-    def workspace_bytes(self) -> int: ...
-
-    @property
-    def errors(self) -> dict[str, float]: ...
+    kernel: Final[str]
+    problem: Final[Problem]
+    status: Final[str]
+    reason: Final[str]
+    time_ms: Final[float]
+    warmup_runs: Final[int]
+    timed_runs: Final[int]
+    round_ms: Final[list[float]]
+    flops: Final[float]
+    tflops: Final[float]
+    kv_bytes: Final[float]
+    gbps: Final[float]
+    workspace_bytes: Final[int]
+    errors: Final[dict[str, float]]
 
 class Entry:
-    @property
-    def row(self) -> Row: ...
-
-    @property
-    def timed(self) -> bool: ...
-
-    @property
-    def call_ms(self) -> float: ...
+    row: Final[Row]
+    timed: Final[bool]
+    call_ms: Final[float]
 
 class Progress:
     def __init__(self, enabled: bool, total: int) -> None: ...

@@ -16,7 +16,7 @@ KvCacheArgs KvCall::args(std::string_view kernel) const {
   a.q = q.view(), a.k_cache = k_cache.view(), a.v_cache = v_cache.view();
   a.maybe_k_new = k_new.view(), a.maybe_v_new = v_new.view();
   a.maybe_cache_seqlens = seqlens.view(), a.maybe_cache_batch_idx = batch_idx.view();
-  a.maybe_block_table = block_table.view();
+  a.maybe_block_table = block_table.view(), a.maybe_cache_leftpad = leftpad.view();
   a.out = out.view(), a.maybe_lse = lse.view();
   return a;
 }
@@ -28,7 +28,7 @@ KvCacheArgs KvCall::args(std::string_view kernel, Placement& pl) const {
   a.q = pl.place(q), a.k_cache = pl.place(k_cache), a.v_cache = pl.place(v_cache);
   a.maybe_k_new = pl.place(k_new), a.maybe_v_new = pl.place(v_new);
   a.maybe_cache_seqlens = pl.place(seqlens), a.maybe_cache_batch_idx = pl.place(batch_idx);
-  a.maybe_block_table = pl.place(block_table);
+  a.maybe_block_table = pl.place(block_table), a.maybe_cache_leftpad = pl.place(leftpad);
   a.out = pl.place(out), a.maybe_lse = pl.place(lse);
   return a;
 }
@@ -98,6 +98,17 @@ KvCall make_call(const KvCase& c, std::mt19937_64& rng) {
   }
   k.seqlens = HostTensor(DType::kI32, {B});
   k.seqlens.assign(std::vector<double>(c.cached.begin(), c.cached.end()));
+  if (!c.leftpad.empty()) {
+    k.leftpad = HostTensor(DType::kI32, {B});
+    k.leftpad.assign(std::vector<double>(c.leftpad.begin(), c.leftpad.end()));
+    const int64_t row_elems = int64_t(c.heads_kv) * c.head_dim;
+    for (int b = 0; b < B; ++b)
+      for (int pos = 0; pos < c.leftpad[b]; ++pos)
+        for (int64_t e = 0; e < row_elems; ++e) {
+          k.k_cache.set(cache_index(k, c, b, pos) + e, std::numeric_limits<double>::quiet_NaN());
+          k.v_cache.set(cache_index(k, c, b, pos) + e, std::numeric_limits<double>::quiet_NaN());
+        }
+  }
   if (c.nan_hidden) {
     const MaskPolicy mask = MaskPolicy::make(c.window_left, c.window_right, c.causal, c.seqlen_q,
                                              c.capacity, c.softcap);
@@ -105,7 +116,8 @@ KvCall make_call(const KvCase& c, std::mt19937_64& rng) {
     const double nan = std::numeric_limits<double>::quiet_NaN();
     for (int b = 0; b < B; ++b) {
       const int len = c.cached[b] + c.seqlen_new;
-      for (int pos = 0; pos < mask.key_begin(0, c.seqlen_q, len); ++pos)
+      const int pad = c.leftpad.empty() ? 0 : c.leftpad[b];
+      for (int pos = pad; pos < pad + mask.key_begin(0, c.seqlen_q, len - pad); ++pos)
         for (int64_t e = 0; e < row_elems; ++e) {
           k.k_cache.set(cache_index(k, c, b, pos) + e, nan);
           k.v_cache.set(cache_index(k, c, b, pos) + e, nan);
@@ -134,9 +146,10 @@ void append_by_hand(const KvCall& k, const KvCase& c, HostTensor* kc, HostTensor
       }
 }
 
-// Sequence b alone: q[b] and rows [0, len) of its expected cache, as a dense problem.
+// Sequence b alone: q[b] and its `len` keys, cache rows [first, first + len) of the expected
+// cache, as a dense problem.
 Inputs sequence_inputs(const KvCall& k, const KvCase& c, const HostTensor& kc, const HostTensor& vc,
-                       int b, int len) {
+                       int b, int first, int len) {
   Inputs in;
   in.q = HostTensor(c.dtype, {1, c.seqlen_q, c.heads_q, c.head_dim});
   const int64_t q_elems = int64_t(c.seqlen_q) * c.heads_q * c.head_dim;
@@ -146,8 +159,8 @@ Inputs sequence_inputs(const KvCall& k, const KvCase& c, const HostTensor& kc, c
   const int64_t row_elems = int64_t(c.heads_kv) * c.head_dim;
   for (int pos = 0; pos < len; ++pos)
     for (int64_t e = 0; e < row_elems; ++e) {
-      in.k.set(pos * row_elems + e, kc.get(cache_index(k, c, b, pos) + e));
-      in.v.set(pos * row_elems + e, vc.get(cache_index(k, c, b, pos) + e));
+      in.k.set(pos * row_elems + e, kc.get(cache_index(k, c, b, first + pos) + e));
+      in.v.set(pos * row_elems + e, vc.get(cache_index(k, c, b, first + pos) + e));
     }
   return in;
 }
@@ -194,7 +207,8 @@ void check_kvcache_case(std::string_view kernel, const KvCase& c, Placement& pl)
 
   Results oracle, lowp;
   for (int b = 0; b < int(c.cached.size()); ++b) {
-    const int len = c.cached[b] + c.seqlen_new;
+    const int first = c.leftpad.empty() ? 0 : c.leftpad[b];
+    const int len = c.cached[b] + c.seqlen_new - first;  // the sequence's keys
     if (len == 0) {  // no key: out rows 0, LSE -inf, exactly
       const std::vector<double> zeros(size_t(c.seqlen_q) * c.heads_q * c.head_dim, 0.0);
       const std::vector<double> empty(size_t(c.heads_q) * c.seqlen_q, -kInf);
@@ -205,7 +219,7 @@ void check_kvcache_case(std::string_view kernel, const KvCase& c, Placement& pl)
                     .window(c.window_left, c.window_right)
                     .cap(c.softcap);
     p.causal = c.causal;
-    const Inputs in = sequence_inputs(k, c, want_k, want_v, b, len);
+    const Inputs in = sequence_inputs(k, c, want_k, want_v, b, first, len);
     const Results o = run_reference_fp64(p, in, false), l = run_lowp(p, in, false);
     append_to(&oracle.out, o.out), append_to(&oracle.lse, o.lse);
     append_to(&lowp.out, l.out), append_to(&lowp.lse, l.lse);

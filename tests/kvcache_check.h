@@ -40,11 +40,14 @@ struct KvCase {
   // NaN in every K and V row of the cache that no query of its sequence sees (left of the
   // first query's window): the output must not change (docs/DESIGN.md, non-finite values).
   bool nan_hidden = false;
+  // cache_leftpad (empty: none; contiguous caches): sequence b's keys start at row
+  // leftpad[b]; the rows before them hold NaN, which must not reach the outputs.
+  std::vector<int> leftpad = {};
 };
 
 // The tensors of one case, on the host.
 struct KvCall {
-  HostTensor q, k_cache, v_cache, k_new, v_new, seqlens, batch_idx, block_table, out, lse;
+  HostTensor q, k_cache, v_cache, k_new, v_new, seqlens, batch_idx, block_table, leftpad, out, lse;
   std::vector<double> workspace;
 
   // The call over the host tensors.

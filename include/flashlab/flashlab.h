@@ -181,22 +181,26 @@ struct BackwardArgs : CommonArgs {
 //      GQA as in forward(). A sequence with L_b = 0 gets out rows 0 and LSE −inf.
 // A sequence's cache is k_cache[cache_batch_idx[b]] (contiguous), or with a block table the
 // pages k_cache[block_table[b][j]], page j holding rows [j·page_size, (j + 1)·page_size).
+// With cache_leftpad, sequence b's rows are cache rows [cache_leftpad[b], L_b): rows before
+// them are not read, and causal and window masks count keys from the first of them (as
+// FlashAttention-2's left-padded caches); new rows still go to cache_seqlens[b].
 // Refused: dropout (dropout_p must be 0), varlen cu_seqlens, block_table together with
-// cache_batch_idx. Rotary embeddings and cache_leftpad are not part of this API.
+// cache_batch_idx or cache_leftpad. Rotary embeddings are not part of this API.
 // With k_new, k_cache and v_cache are outputs: they must not overlap q, k_new, v_new, out,
 // lse, the tables or each other.
 // CPU tensors: the call composes forward() per sequence. The int32 tables live on the host
 // and are checked before anything is written: cache_seqlens[b] >= 0 and L_b within the
 // sequence's cache (seqlen_cache, or max_pages·page_size), cache_batch_idx in
-// [0, batch_cache), and the block_table entries of the pages rows [0, L_b) use in
-// [0, num_pages). The workspace holds a paged sequence's gathered K and V plus the inner
+// [0, batch_cache), cache_leftpad[b] in [0, cache_seqlens[b]], and the block_table entries
+// of the pages rows [0, L_b) use in [0, num_pages). The workspace holds a paged sequence's gathered K and V plus the inner
 // forward's own.
 // CUDA tensors: one kernel (cute_fa2's split-KV) reads the caches in place, fp16/bf16, head
 // dims 64/96/128/192/256 with head_dim_v = head_dim. The tables live on the device and are
 // not read by the host: the kernel clamps each value before use, so a bad table gives wrong
 // rows, never an access outside the tensors: cache_seqlens[b] to [0, seqlen_cache −
 // seqlen_new] (max_pages·page_size for a paged cache), cache_batch_idx[b] to
-// [0, batch_cache), block_table entries to [0, num_pages). cache_seqlens is required with
+// [0, batch_cache), block_table entries to [0, num_pages), cache_leftpad[b] to
+// [0, cache_seqlens[b]]. cache_seqlens is required with
 // k_new. The workspace holds the splits' partial O and LSE (fp32).
 struct KvCacheArgs : CommonArgs {
   Tensor q;            // [batch, seqlen_q, heads_q, head_dim]
@@ -207,6 +211,7 @@ struct KvCacheArgs : CommonArgs {
   Tensor maybe_cache_seqlens;    // int32 [batch]: tokens already in each sequence's cache (absent: all seqlen_cache)
   Tensor maybe_cache_batch_idx;  // int32 [batch]: the k_cache/v_cache row sequence b uses (absent: b)
   Tensor maybe_block_table;      // int32 [batch, max_pages]: paged cache; page j of sequence b is k_cache[block_table[b][j]]
+  Tensor maybe_cache_leftpad;    // int32 [batch]: sequence b's rows start at cache row cache_leftpad[b] (absent: 0); contiguous caches only
   Tensor out;          // [batch, seqlen_q, heads_q, head_dim_v] (written)
   Tensor maybe_lse;    // fp32 [batch, heads_q, seqlen_q] (written)
   // CUDA: how many CTAs share each sequence's keys (split-KV, at most 128); 0 = chosen from

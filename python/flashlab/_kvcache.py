@@ -18,12 +18,10 @@ from ._options import Array, int32, kernel_for, options, window
 from ._rotary import apply_rotary_emb
 
 _OPTIONAL = ("k", "v", "rotary_cos", "rotary_sin", "cache_seqlens", "cache_batch_idx",
-             "block_table")
+             "block_table", "cache_leftpad")
 
 
-def _refuse_unsupported(cache_leftpad: Any, alibi_slopes: Any) -> None:
-    if cache_leftpad is not None:
-        raise ValueError("cache_leftpad: left-padded KV caches are not supported yet")
+def _refuse_unsupported(alibi_slopes: Any) -> None:
     if alibi_slopes is not None:
         raise ValueError("alibi_slopes: ALiBi is not supported yet")
 
@@ -93,7 +91,7 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
                             rotary_interleaved: bool = True, alibi_slopes: Optional[Array] = None,
                             num_splits: int = 0, return_softmax_lse: bool = False, *,
                             kernel: str = "auto") -> Any:
-    """FlashAttention-2's flash_attn_with_kvcache for NumPy arrays and torch CPU tensors.
+    """FlashAttention-2's flash_attn_with_kvcache for NumPy arrays and torch tensors (CPU, CUDA).
 
     q [B, Sq, Hq, D]; k_cache/v_cache [B_cache, S_cache, Hkv, D / Dv], or paged
     [num_pages, page_size, Hkv, D / Dv] with block_table int32 [B, max_pages]; k/v
@@ -115,9 +113,11 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
 
     Returns out [B, Sq, Hq, Dv]; with return_softmax_lse, (out, softmax_lse fp32
     [B, Hq, Sq]). Inference only: torch tensors are detached, nothing is differentiable.
-    cache_leftpad and alibi_slopes raise ValueError (not supported yet).
+    cache_leftpad int32 [B] (contiguous caches): sequence b's rows are cache rows
+    [cache_leftpad[b], cache_seqlens[b] + S_new); masks count keys from the first of them.
+    alibi_slopes raises ValueError (not supported yet).
     """
-    _refuse_unsupported(cache_leftpad, alibi_slopes)
+    _refuse_unsupported(alibi_slopes)
     splits = int32("num_splits", num_splits)
     if splits < 0:
         raise ValueError(f"num_splits must be >= 0 (0 = chosen per call), got {num_splits}")
@@ -125,7 +125,8 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
     torch_ = _check_arrays(_OPTIONAL, q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v,
                            rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                            cache_seqlens=cache_seqlens if hasattr(cache_seqlens, "__dlpack__")
-                           else None, cache_batch_idx=cache_batch_idx, block_table=block_table)
+                           else None, cache_batch_idx=cache_batch_idx, block_table=block_table,
+                           cache_leftpad=cache_leftpad)
     if torch_:  # inference only: plain views of the same memory, so the cache writes land
         q, k_cache, v_cache, k, v = (None if x is None else x.detach()
                                      for x in (q, k_cache, v_cache, k, v))
@@ -160,7 +161,8 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
         opts.stream = torch.cuda.current_stream(q.device).cuda_stream
     out = _empty((batch, seqlen_q, heads_q, v_cache.shape[3]), q, q.dtype, torch_)
     lse = _empty((batch, heads_q, seqlen_q), q, "float32", torch_) if return_softmax_lse else None
-    tensors = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, out, lse)
+    tensors = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+               cache_leftpad, out, lse)
     size = _flashlab.forward_kvcache(*_crossing(tensors, torch_), opts, True)
     opts.workspace = _crossing((_empty((size,), q, "uint8", torch_),), torch_)[0]
     _flashlab.forward_kvcache(*_crossing(tensors, torch_), opts)

@@ -8,7 +8,7 @@
 // support, the quadratic workspace limit) to the call that will run. Only then are the new
 // rows appended and the sequences attended to. For sequence b, with L_b rows in its cache:
 //   - contiguous cache: the inner K/V are strided views of k_cache[cache_batch_idx[b]] and
-//     v_cache[...] cut to L_b rows (no copy);
+//     v_cache[...] cut to rows [cache_leftpad[b], L_b) (no copy);
 //   - paged cache: the L_b rows are gathered from their pages into the workspace as
 //     contiguous [1, L_b, heads_kv, head_dim] and [1, L_b, heads_kv, head_dim_v].
 // Workspace layout: gathered K, gathered V (each sized for the longest sequence, starting on
@@ -51,6 +51,11 @@ int32_t at(const Tensor& t, int64_t i, int64_t j) {
 // Tokens already in sequence b's cache (cache_seqlens[b], or the whole cache without them).
 int64_t cached(const KvCacheArgs& a, const Plan& p, int64_t b) {
   return a.maybe_cache_seqlens.present() ? at(a.maybe_cache_seqlens, b) : p.capacity;
+}
+
+// Sequence b's first cache row (cache_leftpad[b], or 0 without them).
+int64_t leftpad(const KvCacheArgs& a, int64_t b) {
+  return a.maybe_cache_leftpad.present() ? at(a.maybe_cache_leftpad, b) : 0;
 }
 
 // Byte address of element [i0, i1, 0, ...] of a view.
@@ -168,6 +173,9 @@ Status check_tensors(const KvCacheArgs& a, Plan* p) {
     if (a.maybe_cache_batch_idx.present())
       return invalid("cache_batch_idx and block_table must not be given together: a paged cache's "
                      "pages are chosen by block_table alone");
+    if (a.maybe_cache_leftpad.present())
+      return invalid("cache_leftpad and block_table must not be given together: left padding is "
+                     "for contiguous caches (as in FlashAttention-2)");
     FL_CHECK(check_table(a.maybe_block_table, "block_table", 2, "[batch, max_pages]", a.q, p->batch));
     p->page_size = a.k_cache.shape[1];
     p->capacity = p->page_size * a.maybe_block_table.shape[1];  // both < 2^31
@@ -180,6 +188,8 @@ Status check_tensors(const KvCacheArgs& a, Plan* p) {
   }
   if (a.maybe_cache_seqlens.present())
     FL_CHECK(check_table(a.maybe_cache_seqlens, "cache_seqlens", 1, "[batch]", a.q, p->batch));
+  if (a.maybe_cache_leftpad.present())
+    FL_CHECK(check_table(a.maybe_cache_leftpad, "cache_leftpad", 1, "[batch]", a.q, p->batch));
   // Kernels index a sequence's cache rows with int32.
   if (p->capacity > INT32_MAX)
     return invalid("the rows of a sequence's cache (" + std::string(p->paged ? "max_pages·page_size" : "seqlen_cache") +
@@ -198,8 +208,9 @@ Status check_memory(const KvCacheArgs& a, const Plan& p) {
   const api::NamedView inputs[] = {{&a.q, "q"}, {&a.maybe_k_new, "k_new"}, {&a.maybe_v_new, "v_new"},
                                    {&a.maybe_cache_seqlens, "cache_seqlens"},
                                    {&a.maybe_cache_batch_idx, "cache_batch_idx"},
-                                   {&a.maybe_block_table, "block_table"}, k_cache, v_cache};
-  return p.append ? api::check_outputs_disjoint(outputs, std::span(inputs, 6))
+                                   {&a.maybe_block_table, "block_table"},
+                                   {&a.maybe_cache_leftpad, "cache_leftpad"}, k_cache, v_cache};
+  return p.append ? api::check_outputs_disjoint(outputs, std::span(inputs, 7))
                   : api::check_outputs_disjoint(std::span(outputs, 2), inputs);
 }
 
@@ -224,6 +235,10 @@ Status check_tables(const KvCacheArgs& a, Plan* p) {
   for (int64_t b = 0; b < p->batch; ++b) {
     const int64_t c = cached(a, *p, b), len = c + p->seqlen_new;
     if (c < 0) return invalid(element("cache_seqlens", b) + " must be >= 0, got " + to_string(c));
+    const int64_t pad = leftpad(a, b);
+    if (pad < 0 || pad > c)
+      return invalid(element("cache_leftpad", b) + " = " + to_string(pad) + " must be in [0, cache_seqlens[" +
+                     to_string(b) + "] = " + to_string(c) + "]");
     if (len > p->capacity)
       return invalid(element("cache_seqlens", b) + " + seqlen_new = " + to_string(c) + " + " +
                      to_string(p->seqlen_new) + " exceeds the " + to_string(p->capacity) +
@@ -264,9 +279,12 @@ ForwardArgs inner(const KvCacheArgs& a, const Plan& p, int64_t b, int64_t len, v
     f.v = Tensor::contiguous(g + p.v_offset, a.q.dtype, {1, len, p.heads_kv, p.head_dim_v});
   } else {
     const int64_t r = a.maybe_cache_batch_idx.present() ? at(a.maybe_cache_batch_idx, b) : b;
+    const int64_t pad = leftpad(a, b);  // the sequence's rows are [pad, len)
     f.k = slice(a.k_cache, r, p.elem);
     f.v = slice(a.v_cache, r, p.elem);
-    f.k.shape[1] = f.v.shape[1] = len;
+    f.k.data = static_cast<char*>(f.k.data) + pad * f.k.stride[1] * p.elem;
+    f.v.data = static_cast<char*>(f.v.data) + pad * f.v.stride[1] * p.elem;
+    f.k.shape[1] = f.v.shape[1] = len - pad;
   }
   const bool fits = a.workspace != nullptr && a.workspace_bytes >= p.inner_offset;
   f.workspace = fits ? static_cast<char*>(a.workspace) + p.inner_offset : nullptr;
@@ -302,6 +320,8 @@ Status device_params(const KvCacheArgs& a, const Plan& pl, KvCacheParams* p) {
   if (a.maybe_cache_batch_idx.present())
     p->cache_batch_idx = table(a.maybe_cache_batch_idx),
     p->cache_batch_idx_stride = a.maybe_cache_batch_idx.stride[0];
+  if (a.maybe_cache_leftpad.present())
+    p->cache_leftpad = table(a.maybe_cache_leftpad), p->cache_leftpad_stride = a.maybe_cache_leftpad.stride[0];
   if (pl.paged) {
     p->block_table = table(a.maybe_block_table);
     p->block_table_batch_stride = a.maybe_block_table.stride[0];

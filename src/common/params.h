@@ -90,6 +90,8 @@ struct BwdParams : AttnParams {
 //   c_b = cache_seqlens[b] clamped to [0, seqlen_k - seqlen_new] (absent: seqlen_k - seqlen_new);
 //   L_b = c_b + seqlen_new;
 //   the cache of sequence b: cache_batch_idx[b] clamped to [0, cache_rows) (absent: b);
+//   its first row s_b: cache_leftpad[b] clamped to [0, c_b] (absent: 0); its keys are the
+//   rows [s_b, L_b), key j at row s_b + j;
 //   page j of sequence b: block_table[b][j] clamped to [0, cache_rows).
 struct KvCacheParams : AttnParams {
   const void* k_new = nullptr;  // [batch, seqlen_new, heads_kv, head_dim]; null: no append
@@ -99,7 +101,8 @@ struct KvCacheParams : AttnParams {
   int seqlen_new = 0;
   const int32_t* cache_seqlens = nullptr;    // [batch], element b at b·cache_seqlens_stride
   const int32_t* cache_batch_idx = nullptr;  // [batch], element b at b·cache_batch_idx_stride
-  int64_t cache_seqlens_stride = 0, cache_batch_idx_stride = 0;
+  const int32_t* cache_leftpad = nullptr;    // [batch]: sequence b's first cache row (contiguous)
+  int64_t cache_seqlens_stride = 0, cache_batch_idx_stride = 0, cache_leftpad_stride = 0;
   const int32_t* block_table = nullptr;      // [batch, max_pages]; non-null: paged
   int64_t block_table_batch_stride = 0, block_table_page_stride = 0;
   int page_size = 0;   // paged: rows per page

@@ -2,7 +2,8 @@
 // the fp64 oracle on the gathered cache (kvcache_check.h says what each case checks): both
 // half dtypes, head dims 64/96/128/192/256, GQA 1/4/8, query lengths 1/4/16, contiguous caches
 // (with and without cache_batch_idx) and paged ones of every page size from 16 to 256,
-// append, zero-length caches, causal, windows and softcap, NaN in the rows no query sees,
+// append, zero-length caches, left padding, causal, windows and softcap, NaN in the rows no
+// query sees,
 // and split counts chosen by the kernel, forced to 1 and forced above the key tiles a
 // sequence has.
 // Then the device tables' clamping: out-of-range cache_seqlens, cache_batch_idx and
@@ -54,6 +55,10 @@ std::vector<KvCase> gpu_cases() {
   h1->window_left = 100, h1->nan_hidden = true;
   auto* h2 = add({"fp16_d64_paged32_causal_window_nan_hidden", kF16, 4, 8, 2, 1024, 32, {900, 200}, 4}, 64);
   h2->causal = true, h2->window_left = 150, h2->nan_hidden = true;
+  // Left-padded caches (keys from row cache_leftpad[b]; NaN before it).
+  add({"bf16_d128_leftpad_decode_gqa4", kBF16, 1, 8, 2, 1024, 0, {1000, 300, 64}, 1}, 128)->leftpad = {333, 299, 0};
+  auto* lp = add({"fp16_d64_leftpad_append4_causal_window", kF16, 4, 8, 2, 512, 0, {400, 90}, 4, true}, 64);
+  lp->causal = true, lp->window_left = 70, lp->leftpad = {130, 90};
   // Head dims 96 (keys per warp) and 192 (32-key tiles, two stages).
   add({"bf16_d96_decode_gqa4", kBF16, 1, 8, 2, 1024, 0, {1000, 77}}, 96);
   add({"fp16_d192_paged64_append4_causal", kF16, 4, 4, 2, 512, 64, {400, 3}, 4}, 192)->causal = true;

@@ -67,9 +67,9 @@ def _rotary_rows(x, cos, sin, first, per_row, interleaved):
     return flashlab.apply_rotary_emb(x, rep(cos), rep(sin), interleaved=interleaved)
 
 
-def expected(p, *, causal=False, window=(-1, -1), softcap=0.0, rotary=None):
+def expected(p, *, causal=False, window=(-1, -1), softcap=0.0, rotary=None, leftpad=None):
     """(k_cache, v_cache after the append, [(q_b, K_b, V_b) per sequence]); `rotary` is
-    None or the interleaved flag."""
+    None or the interleaved flag; with `leftpad`, sequence b's keys start at row leftpad[b]."""
     kc, vc = p.k_cache.copy(), p.v_cache.copy()
     local = causal or tuple(window) != (-1, -1)
     per_seq = []
@@ -85,7 +85,8 @@ def expected(p, *, causal=False, window=(-1, -1), softcap=0.0, rotary=None):
                 page, row = p.where(b, s + t)
                 kc[page, row], vc[page, row] = kb[0, t], vb[0, t]
         length = s + (0 if p.k is None else p.k.shape[1])
-        at = np.array([p.where(b, r) for r in range(length)], dtype=np.int64).reshape(-1, 2)
+        first = 0 if leftpad is None else int(leftpad[b])
+        at = np.array([p.where(b, r) for r in range(first, length)], dtype=np.int64).reshape(-1, 2)
         kb, vb = kc[at[:, 0], at[:, 1]][None], vc[at[:, 0], at[:, 1]][None]  # L_b may be 0
         per_seq.append((qb, kb, vb))
     return kc, vc, per_seq
@@ -249,7 +250,6 @@ def _small(rng, **kw):
 
 
 @pytest.mark.parametrize("arg,value,words", [
-    ("cache_leftpad", "seqlens", "cache_leftpad"),
     ("alibi_slopes", np.ones((4,), np.float32), "alibi_slopes"),
 ])
 def test_unsupported_arguments_are_refused_by_name(rng, arg, value, words):
@@ -259,6 +259,36 @@ def test_unsupported_arguments_are_refused_by_name(rng, arg, value, words):
     with pytest.raises(ValueError, match=f"{words}.*not supported yet"):
         flashlab.flash_attn_with_kvcache(**kw)
     assert np.array_equal(p.k_cache, before)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_cache_leftpad_starts_each_sequence_later(rng, causal):
+    """FlashAttention-2's left-padded caches: sequence b's keys are rows [leftpad[b], L_b),
+    the rows before them are never read (NaN there changes nothing), masks count from the
+    first key, and the new rows still go to cache_seqlens[b]."""
+    p = Problem(rng, seqlen_new=3, seqlen_q=3, dtype=np.float32)
+    leftpad = np.array([min(5, int(s)) for s in p.seqlens], dtype=np.int32)
+    for b, pad in enumerate(leftpad):
+        p.k_cache[b, :pad] = np.nan
+        p.v_cache[b, :pad] = np.nan
+    kc, vc, per_seq = expected(p, causal=causal, leftpad=leftpad)
+    out, lse = run(p, causal=causal, cache_leftpad=leftpad)
+    assert np.array_equal(p.k_cache, kc, equal_nan=True) and np.array_equal(p.v_cache, vc,
+                                                                           equal_nan=True)
+    assert np.isfinite(out).all()
+    check_outputs(out, lse, per_seq, causal=causal)
+
+
+def test_cache_leftpad_is_checked(rng):
+    kw, p = _small(rng, seqlen_new=2)
+    bad = np.array(p.seqlens, dtype=np.int32) + 1  # past cache_seqlens
+    with pytest.raises(ValueError, match=r"cache_leftpad\[0\] = .* must be in \[0, cache_seqlens"):
+        flashlab.flash_attn_with_kvcache(**kw, cache_leftpad=bad)
+    pp = Problem(rng, dtype=np.float32, capacity=16, paged=True, seqlen_new=2)
+    with pytest.raises(ValueError, match="cache_leftpad and block_table"):
+        flashlab.flash_attn_with_kvcache(pp.q, pp.k_cache, pp.v_cache, pp.k, pp.v,
+                                         cache_seqlens=pp.seqlens, block_table=pp.block_table,
+                                         cache_leftpad=np.zeros(3, np.int32))
 
 
 def test_num_splits_must_be_non_negative(rng):

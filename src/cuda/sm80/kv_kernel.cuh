@@ -62,7 +62,8 @@ struct KvConfig {
 // ---- the cache, read through clamped tables ----------------------------------------------
 struct CacheSeq {
   int cached;  // c_b: rows already in the cache, where the new ones go
-  int len;     // L_b = c_b + seqlen_new: the rows attended to
+  int start;   // s_b: the sequence's first row (cache_leftpad[b]); key j is row s_b + j
+  int len;     // L_b − s_b: the keys attended to
   int row;     // the cache's batch_cache row (contiguous caches)
 };
 
@@ -74,7 +75,8 @@ __device__ __forceinline__ CacheSeq cache_seq(const KvCacheParams& p, int b) {
   const int row = p.cache_batch_idx
                       ? clamp_to(p.cache_batch_idx[b * p.cache_batch_idx_stride], 0, p.cache_rows - 1)
                       : b;
-  return {c, c + p.seqlen_new, row};
+  const int start = p.cache_leftpad ? clamp_to(p.cache_leftpad[b * p.cache_leftpad_stride], 0, c) : 0;
+  return {c, start, c + p.seqlen_new - start, row};
 }
 
 // The page that holds cache row `pos` of sequence b (paged caches).
@@ -83,8 +85,8 @@ __device__ __forceinline__ int64_t page_of(const KvCacheParams& p, int b, int po
                   0, p.cache_rows - 1);
 }
 
-// Element offset of cache row `pos` (< seqlen_k) of sequence b, head 0, in a cache with these
-// batch (or page) and row strides.
+// Element offset of cache row `pos` (< seqlen_k; a row of the cache, not a key index) of
+// sequence b, head 0, in a cache with these batch (or page) and row strides.
 __device__ __forceinline__ int64_t cache_offset(const KvCacheParams& p, const CacheSeq& s, int b,
                                                 int pos, int64_t batch_stride, int64_t row_stride) {
   if (p.block_table)
@@ -285,15 +287,16 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // MMA's 0 · NaN (docs/DESIGN.md, non-finite values).
   const bool tile_in_page = p.block_table == nullptr || p.page_size % kBlockN == 0;
   auto load_kv = [&](int n, int st) {
-    const int j0 = n * kBlockN;
-    const int64_t k_base = tile_in_page ? cache_offset(p, seq, b, j0, p.k_batch_stride, p.k_row_stride) : 0;
-    const int64_t v_base = tile_in_page ? cache_offset(p, seq, b, j0, p.v_batch_stride, p.v_row_stride) : 0;
+    const int j0 = n * kBlockN;  // key j is cache row seq.start + j (paged: start 0)
+    const int first = seq.start + j0;  // the tile's first cache row
+    const int64_t k_base = tile_in_page ? cache_offset(p, seq, b, first, p.k_batch_stride, p.k_row_stride) : 0;
+    const int64_t v_base = tile_in_page ? cache_offset(p, seq, b, first, p.v_batch_stride, p.v_row_stride) : 0;
     auto row_of = [&](const Element* cache, int64_t base, int64_t batch_stride, int64_t row_stride) {
       return [=, &p, &seq](int row) -> const Element* {
-        const int pos = j0 + row;
-        if (pos < kb || pos >= ke) return nullptr;
+        const int key = j0 + row;
+        if (key < kb || key >= ke) return nullptr;
         return cache + (tile_in_page ? base + row * row_stride
-                                     : cache_offset(p, seq, b, pos, batch_stride, row_stride));
+                                     : cache_offset(p, seq, b, first + row, batch_stride, row_stride));
       };
     };
     load_rows(gmem_thr.partition_D(sK(st)), tKVcKV,

@@ -155,8 +155,10 @@ constexpr int kMaxSplits = 128;
 // How many splits the keys of each (sequence, KV head, row block) get: the caller's
 // num_splits (at most kMaxSplits and the cache's key tiles), or with 0 the fewest that keep
 // the SMs about as busy as any count would: the CTAs of s splits fill
-// ceil(ctas·s / slots) waves of `slots` = SMs × resident CTAs per SM, and s is the smallest
-// count whose last wave is at least 85% as full as the best count's (FlashAttention-2's rule).
+// ceil(ctas·s / slots) waves of `slots` = SMs × resident CTAs per SM, so they fill a fraction
+// ctas·s / (waves·slots) of those waves' slots, and s is the smallest count whose fraction is
+// at least 85% of the best count's (FlashAttention-2's rule). Called twice per call
+// (workspace_kv, run_kv), each time with three CUDA queries.
 int kv_splits(const KvCacheParams& p) {
   // The attribute and occupancy queries act on the current device: make it p's, so that
   // workspace_kv (called without a guard) and run_kv agree.

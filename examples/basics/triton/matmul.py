@@ -21,7 +21,7 @@ partial sum is an integer that fp32 holds exactly in any order (as in the siblin
 multiplies the raw bit patterns, triton-lang/triton#11584); the kernel is the same source
 for both, and the GPU check runs it in bf16.
 GPU check: the Triton kernels and torch's fp32 matmul equal torch's float64 product exactly;
-torch's bf16 matmul (bf16 out) within its rounding, 2^-8 relative.
+torch's bf16 matmul (fp32 accumulation, bf16 out) within that last rounding, 2^-8 relative.
 """
 
 from __future__ import annotations
@@ -123,6 +123,9 @@ def gpu_part(quick: bool) -> None:
     print(f"matmul, M = N = K = {M}, bf16 and fp32 in, fp32 accumulate, "
           f"{2.0 * M * N * K / 1e9:.3g} GFLOP")
     torch.backends.cuda.matmul.allow_tf32 = False  # torch's fp32 matmul: cublasSgemm's math
+    # and its bf16 matmul accumulates in fp32 throughout (no bf16 split-K partial sums), as
+    # the sibling's cublasGemmEx does
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     a_np, b_np = inputs(M, N, K)
     a32, b32 = torch.from_numpy(a_np).float().cuda(), torch.from_numpy(b_np).float().cuda()
     a16, b16 = a32.bfloat16(), b32.bfloat16()

@@ -17,6 +17,7 @@ KvCacheArgs KvCall::args(std::string_view kernel) const {
   a.maybe_k_new = k_new.view(), a.maybe_v_new = v_new.view();
   a.maybe_cache_seqlens = seqlens.view(), a.maybe_cache_batch_idx = batch_idx.view();
   a.maybe_block_table = block_table.view(), a.maybe_cache_leftpad = leftpad.view();
+  a.maybe_rotary_cos = rotary_cos.view(), a.maybe_rotary_sin = rotary_sin.view();
   a.out = out.view(), a.maybe_lse = lse.view();
   return a;
 }
@@ -29,6 +30,7 @@ KvCacheArgs KvCall::args(std::string_view kernel, Placement& pl) const {
   a.maybe_k_new = pl.place(k_new), a.maybe_v_new = pl.place(v_new);
   a.maybe_cache_seqlens = pl.place(seqlens), a.maybe_cache_batch_idx = pl.place(batch_idx);
   a.maybe_block_table = pl.place(block_table), a.maybe_cache_leftpad = pl.place(leftpad);
+  a.maybe_rotary_cos = pl.place(rotary_cos), a.maybe_rotary_sin = pl.place(rotary_sin);
   a.out = pl.place(out), a.maybe_lse = pl.place(lse);
   return a;
 }
@@ -124,6 +126,17 @@ KvCall make_call(const KvCase& c, std::mt19937_64& rng) {
         }
     }
   }
+  if (c.rotary_dim > 0) {  // RoPE: angle pos·10000^(−2i / rotary_dim)
+    const int rows = c.capacity + c.seqlen_q, half = c.rotary_dim / 2;
+    k.rotary_cos = HostTensor(c.dtype, {rows, half}, {4});
+    k.rotary_sin = HostTensor(c.dtype, {rows, half}, {4});
+    for (int pos = 0; pos < rows; ++pos)
+      for (int i = 0; i < half; ++i) {
+        const double angle = pos * std::pow(10000.0, -2.0 * i / c.rotary_dim);
+        k.rotary_cos.set(int64_t(pos) * half + i, std::cos(angle));
+        k.rotary_sin.set(int64_t(pos) * half + i, std::sin(angle));
+      }
+  }
   k.out = HostTensor(c.dtype, {B, c.seqlen_q, c.heads_q, c.head_dim});
   k.lse = HostTensor(DType::kF32, {B, c.heads_q, c.seqlen_q});
   k.out.poison();
@@ -133,27 +146,99 @@ KvCall make_call(const KvCase& c, std::mt19937_64& rng) {
 
 namespace {
 
-// The caches as they must be after the call: the new rows written by hand.
-void append_by_hand(const KvCall& k, const KvCase& c, HostTensor* kc, HostTensor* vc) {
+// An element the rotation computes: its exact (fp64) value and how far a kernel's may be
+// from it: the rounding to the dtype plus fp32 arithmetic's (a few 2^-24 of the products).
+struct Turned {
+  int64_t index;  // logical element of the cache
+  double exact, slack;
+};
+
+double rounding_of(DType t) {  // half an ulp, relative
+  return t == DType::kBF16 ? 0x1p-8 : t == DType::kF16 ? 0x1p-11 : t == DType::kF32 ? 0x1p-24 : 0x1p-53;
+}
+
+// FlashAttention-2's rule for q's positions: one per query when causal or a window bound can
+// bind (it is in [0, capacity)), else every query at cache_seqlens[b].
+bool per_query(const KvCase& c) {
+  auto binds = [&](int w) { return w >= 0 && w < c.capacity; };
+  return c.causal || binds(c.window_left) || binds(c.window_right);
+}
+
+// Head vector x[0, head_dim) turned at position pos in fp64 from the case's tables; slack[d]
+// as in Turned (0 for the channels past rotary_dim, which are copied).
+void turn(const KvCall& k, const KvCase& c, double* x, double* slack, int pos) {
+  const int half = c.rotary_dim / 2;
+  for (int d = 0; d < c.head_dim; ++d) slack[d] = 0;
+  for (int i = 0; i < half; ++i) {
+    const int ia = c.rotary_interleaved ? 2 * i : i, ib = c.rotary_interleaved ? 2 * i + 1 : i + half;
+    const double cs = k.rotary_cos.get(int64_t(pos) * half + i), sn = k.rotary_sin.get(int64_t(pos) * half + i);
+    const double a = x[ia], b = x[ib];
+    x[ia] = a * cs - b * sn, x[ib] = a * sn + b * cs;
+    slack[ia] = rounding_of(c.dtype) * std::abs(x[ia]) + 0x1p-21 * (std::abs(a * cs) + std::abs(b * sn));
+    slack[ib] = rounding_of(c.dtype) * std::abs(x[ib]) + 0x1p-21 * (std::abs(a * sn) + std::abs(b * cs));
+  }
+}
+
+// The caches as they must be after the call: the new rows written by hand, k's rotated with
+// rotary (the rotated channels listed in *turned).
+void append_by_hand(const KvCall& k, const KvCase& c, HostTensor* kc, HostTensor* vc,
+                    std::vector<Turned>* turned) {
   const int64_t row_elems = int64_t(c.heads_kv) * c.head_dim;
+  std::vector<double> x(size_t(c.head_dim)), slack(size_t(c.head_dim));
   for (int b = 0; b < int(c.cached.size()); ++b)
     for (int t = 0; t < c.seqlen_new; ++t)
-      for (int64_t e = 0; e < row_elems; ++e) {
-        const int64_t dst = cache_index(k, c, b, c.cached[b] + t) + e;
-        const int64_t src = (int64_t(b) * c.seqlen_new + t) * row_elems + e;
-        kc->set(dst, k.k_new.get(src));
-        vc->set(dst, k.v_new.get(src));
+      for (int64_t h = 0; h < c.heads_kv; ++h) {
+        const int64_t dst = cache_index(k, c, b, c.cached[b] + t) + h * c.head_dim;
+        const int64_t src = (int64_t(b) * c.seqlen_new + t) * row_elems + h * c.head_dim;
+        for (int d = 0; d < c.head_dim; ++d) x[size_t(d)] = k.k_new.get(src + d);
+        if (c.rotary_dim > 0) turn(k, c, x.data(), slack.data(), c.cached[b] + t);
+        for (int d = 0; d < c.head_dim; ++d) {
+          kc->set(dst + d, x[size_t(d)]);
+          vc->set(dst + d, k.v_new.get(src + d));
+          if (d < c.rotary_dim) turned->push_back({dst + d, x[size_t(d)], slack[size_t(d)]});
+        }
       }
+}
+
+// q as the attention must see it: with rotary each head vector turned (fp64, rounded to the
+// dtype) at cache_seqlens[b] + i, or cache_seqlens[b] (per_query).
+HostTensor q_seen(const KvCall& k, const KvCase& c) {
+  HostTensor q = k.q;
+  if (c.rotary_dim == 0) return q;
+  std::vector<double> x(size_t(c.head_dim)), slack(size_t(c.head_dim));
+  for (int b = 0; b < int(c.cached.size()); ++b)
+    for (int i = 0; i < c.seqlen_q; ++i)
+      for (int h = 0; h < c.heads_q; ++h) {
+        const int64_t at = ((int64_t(b) * c.seqlen_q + i) * c.heads_q + h) * c.head_dim;
+        for (int d = 0; d < c.head_dim; ++d) x[size_t(d)] = q.get(at + d);
+        turn(k, c, x.data(), slack.data(), c.cached[b] + (per_query(c) ? i : 0));
+        for (int d = 0; d < c.head_dim; ++d) q.set(at + d, x[size_t(d)]);
+      }
+  return q;
+}
+
+// The rotated elements of the new k rows within their slack of the fp64 rotation; each
+// that is takes the kernel's value in *want, so that the byte comparison covers the rest.
+::testing::AssertionResult turned_within(const HostTensor& got, const std::vector<Turned>& turned,
+                                         HostTensor* want) {
+  for (const Turned& t : turned) {
+    const double g = got.get(t.index);
+    if (!(std::abs(g - t.exact) <= t.slack))
+      return ::testing::AssertionFailure() << "k_cache element " << t.index << " (a rotated new row) is " << g
+                                           << ", the fp64 rotation " << t.exact << " (allowed " << t.slack << ")";
+    want->set(t.index, g);
+  }
+  return ::testing::AssertionSuccess();
 }
 
 // Sequence b alone: q[b] and its `len` keys, cache rows [first, first + len) of the expected
 // cache, as a dense problem.
-Inputs sequence_inputs(const KvCall& k, const KvCase& c, const HostTensor& kc, const HostTensor& vc,
-                       int b, int first, int len) {
+Inputs sequence_inputs(const KvCall& k, const KvCase& c, const HostTensor& q, const HostTensor& kc,
+                       const HostTensor& vc, int b, int first, int len) {
   Inputs in;
   in.q = HostTensor(c.dtype, {1, c.seqlen_q, c.heads_q, c.head_dim});
   const int64_t q_elems = int64_t(c.seqlen_q) * c.heads_q * c.head_dim;
-  for (int64_t i = 0; i < q_elems; ++i) in.q.set(i, k.q.get(b * q_elems + i));
+  for (int64_t i = 0; i < q_elems; ++i) in.q.set(i, q.get(b * q_elems + i));
   in.k = HostTensor(c.dtype, {1, len, c.heads_kv, c.head_dim});
   in.v = HostTensor(c.dtype, {1, len, c.heads_kv, c.head_dim});
   const int64_t row_elems = int64_t(c.heads_kv) * c.head_dim;
@@ -177,8 +262,10 @@ void check_kvcache_case(std::string_view kernel, const KvCase& c, Placement& pl)
   std::mt19937_64 rng = rng_for(std::string(kernel) + "/kvcache/" + c.name);
   KvCall k = make_call(c, rng);
   HostTensor want_k = k.k_cache, want_v = k.v_cache;
-  append_by_hand(k, c, &want_k, &want_v);
-  const HostTensor q0 = k.q, kn0 = k.k_new, vn0 = k.v_new, bt0 = k.block_table;
+  std::vector<Turned> turned;
+  append_by_hand(k, c, &want_k, &want_v, &turned);
+  const HostTensor want_q = q_seen(k, c);
+  const HostTensor q0 = k.q, kn0 = k.k_new, vn0 = k.v_new, bt0 = k.block_table, cos0 = k.rotary_cos;
 
   KvCacheArgs a = k.args(kernel, pl);
   a.causal = c.causal;
@@ -186,21 +273,25 @@ void check_kvcache_case(std::string_view kernel, const KvCase& c, Placement& pl)
   a.window_right = c.window_right;
   a.softcap = c.softcap;
   a.num_splits = c.num_splits;
+  a.rotary_interleaved = c.rotary_interleaved;
   size_t bytes = 0;
   ASSERT_OK(workspace_size(a, &bytes));
   a.workspace = pl.scratch(bytes);
   a.workspace_bytes = bytes;
   ASSERT_OK(forward_kvcache(a));
-  for (HostTensor* t : {&k.out, &k.lse, &k.k_cache, &k.v_cache, &k.q, &k.k_new, &k.v_new, &k.block_table})
+  for (HostTensor* t : {&k.out, &k.lse, &k.k_cache, &k.v_cache, &k.q, &k.k_new, &k.v_new, &k.block_table,
+                        &k.rotary_cos})
     if (t->view().present()) {
       ASSERT_TRUE(pl.fetch(*t));
     }
   ASSERT_TRUE(pl.ok());
 
+  EXPECT_TRUE(turned_within(k.k_cache, turned, &want_k));
   EXPECT_TRUE(k.k_cache.storage() == want_k.storage()) << "k_cache is not the cache plus the new rows";
   EXPECT_TRUE(k.v_cache.storage() == want_v.storage()) << "v_cache is not the cache plus the new rows";
   EXPECT_TRUE(k.q.storage() == q0.storage() && k.k_new.storage() == kn0.storage() &&
-              k.v_new.storage() == vn0.storage() && k.block_table.storage() == bt0.storage())
+              k.v_new.storage() == vn0.storage() && k.block_table.storage() == bt0.storage() &&
+              k.rotary_cos.storage() == cos0.storage())
       << "forward_kvcache wrote an input";
   EXPECT_TRUE(k.out.written_exactly("out"));
   EXPECT_TRUE(k.lse.written_exactly("lse"));
@@ -219,7 +310,7 @@ void check_kvcache_case(std::string_view kernel, const KvCase& c, Placement& pl)
                     .window(c.window_left, c.window_right)
                     .cap(c.softcap);
     p.causal = c.causal;
-    const Inputs in = sequence_inputs(k, c, want_k, want_v, b, first, len);
+    const Inputs in = sequence_inputs(k, c, want_q, want_k, want_v, b, first, len);
     const Results o = run_reference_fp64(p, in, false), l = run_lowp(p, in, false);
     append_to(&oracle.out, o.out), append_to(&oracle.lse, o.lse);
     append_to(&lowp.out, l.out), append_to(&lowp.lse, l.lse);

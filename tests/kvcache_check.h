@@ -5,10 +5,14 @@
 // optional new rows, cache lengths and a query, runs forward_kvcache with the named kernel
 // where the Placement puts the tensors, and checks:
 //   - the cache afterwards equals, byte for byte over its whole storage, a copy of the
-//     cache before with the new rows written at cache_seqlens[b] by hand;
+//     cache before with the new rows written at cache_seqlens[b] by hand; with rotary the
+//     rotated channels of the new k rows are compared with the fp64 rotation instead, to
+//     within its rounding to the dtype plus fp32 arithmetic's error;
 //   - out and LSE, over all sequences, within docs/DESIGN.md's rule against the oracle
 //     (cpu_reference on fp64 copies) run per sequence on that sequence's rows [0, L_b) of
-//     the expected cache, with the yardstick run on the same rows; a sequence with L_b = 0
+//     the expected cache and q (with rotary: q rotated in fp64 from the given tables and
+//     rounded to the dtype, at the positions of docs/DESIGN.md's rule), with the yardstick
+//     run on the same rows; a sequence with L_b = 0
 //     must give out rows 0 and LSE -inf;
 //   - every out and LSE element written, nothing around them, and the inputs unchanged.
 #pragma once
@@ -43,11 +47,16 @@ struct KvCase {
   // cache_leftpad (empty: none; contiguous caches): sequence b's keys start at row
   // leftpad[b]; the rows before them hold NaN, which must not reach the outputs.
   std::vector<int> leftpad = {};
+  // Rotary (needs seqlen_new > 0): RoPE tables of capacity + seqlen_q rows and rotary_dim / 2
+  // columns (row stride padded), pairs (2i, 2i + 1) when interleaved, else halves.
+  int rotary_dim = 0;
+  bool rotary_interleaved = true;
 };
 
 // The tensors of one case, on the host.
 struct KvCall {
   HostTensor q, k_cache, v_cache, k_new, v_new, seqlens, batch_idx, block_table, leftpad, out, lse;
+  HostTensor rotary_cos, rotary_sin;
   std::vector<double> workspace;
 
   // The call over the host tensors.

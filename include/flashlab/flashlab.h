@@ -184,24 +184,35 @@ struct BackwardArgs : CommonArgs {
 // With cache_leftpad, sequence b's rows are cache rows [cache_leftpad[b], L_b): rows before
 // them are not read, and causal and window masks count keys from the first of them (as
 // FlashAttention-2's left-padded caches); new rows still go to cache_seqlens[b].
+// Rotary (rotary_cos/rotary_sin, with k_new): before step 1, k_new[b] row t is rotated at
+// position cache_seqlens[b] + t and q[b] row i at cache_seqlens[b] + i when causal or local
+// (a window bound in [0, seqlen_cache), max_pages·page_size when paged), else every row of
+// q[b] at cache_seqlens[b] (FlashAttention-2's rule; cache_leftpad does not move positions).
+// Position p turns each pair (x_a, x_b) of the first rotary_dim channels into
+// (x_a·cos − x_b·sin, x_a·sin + x_b·cos) with row p of the tables; pairs are (2i, 2i + 1)
+// with rotary_interleaved, else (i, i + rotary_dim/2); the other channels are copied. fp32
+// arithmetic (fp64 for fp64), rounded once to the dtype; the caller's q and k_new are not
+// written. seqlen_ro must be at least the rows of a sequence's cache.
 // Refused: dropout (dropout_p must be 0), varlen cu_seqlens, block_table together with
-// cache_batch_idx or cache_leftpad. Rotary embeddings are not part of this API.
+// cache_batch_idx or cache_leftpad, rotary without k_new.
 // With k_new, k_cache and v_cache are outputs: they must not overlap q, k_new, v_new, out,
 // lse, the tables or each other.
 // CPU tensors: the call composes forward() per sequence. The int32 tables live on the host
 // and are checked before anything is written: cache_seqlens[b] >= 0 and L_b within the
 // sequence's cache (seqlen_cache, or max_pages·page_size), cache_batch_idx in
-// [0, batch_cache), cache_leftpad[b] in [0, cache_seqlens[b]], and the block_table entries
-// of the pages rows [0, L_b) use in [0, num_pages). The workspace holds a paged sequence's gathered K and V plus the inner
-// forward's own.
+// [0, batch_cache), cache_leftpad[b] in [0, cache_seqlens[b]], the block_table entries
+// of the pages rows [0, L_b) use in [0, num_pages), and every rotary position below
+// seqlen_ro. The workspace holds a paged sequence's gathered K and V, the rotated q of a
+// sequence, and the inner forward's own.
 // CUDA tensors: one kernel (cute_fa2's split-KV) reads the caches in place, fp16/bf16, head
 // dims 64/96/128/192/256 with head_dim_v = head_dim. The tables live on the device and are
 // not read by the host: the kernel clamps each value before use, so a bad table gives wrong
 // rows, never an access outside the tensors: cache_seqlens[b] to [0, seqlen_cache −
 // seqlen_new] (max_pages·page_size for a paged cache), cache_batch_idx[b] to
 // [0, batch_cache), block_table entries to [0, num_pages), cache_leftpad[b] to
-// [0, cache_seqlens[b]]. cache_seqlens is required with
-// k_new. The workspace holds the splits' partial O and LSE (fp32).
+// [0, cache_seqlens[b]], rotary positions to [0, seqlen_ro). cache_seqlens is required with
+// k_new. The workspace holds the splits' partial O and LSE (fp32) and, with rotary, the
+// rotated q (written by the append kernel, read by the attention kernel).
 struct KvCacheArgs : CommonArgs {
   Tensor q;            // [batch, seqlen_q, heads_q, head_dim]
   Tensor k_cache;      // [batch_cache, seqlen_cache, heads_kv, head_dim]; paged: [num_pages, page_size, heads_kv, head_dim]
@@ -212,6 +223,9 @@ struct KvCacheArgs : CommonArgs {
   Tensor maybe_cache_batch_idx;  // int32 [batch]: the k_cache/v_cache row sequence b uses (absent: b)
   Tensor maybe_block_table;      // int32 [batch, max_pages]: paged cache; page j of sequence b is k_cache[block_table[b][j]]
   Tensor maybe_cache_leftpad;    // int32 [batch]: sequence b's rows start at cache row cache_leftpad[b] (absent: 0); contiguous caches only
+  Tensor maybe_rotary_cos;       // [seqlen_ro, rotary_dim / 2], q's dtype: rotary (with k_new); rotary_dim even, <= head_dim
+  Tensor maybe_rotary_sin;       // like rotary_cos; both or neither
+  bool rotary_interleaved = true;   // pairs (2i, 2i + 1); false: (i, i + rotary_dim / 2)
   Tensor out;          // [batch, seqlen_q, heads_q, head_dim_v] (written)
   Tensor maybe_lse;    // fp32 [batch, heads_q, seqlen_q] (written)
   // CUDA: how many CTAs share each sequence's keys (split-KV, at most 128); 0 = chosen from

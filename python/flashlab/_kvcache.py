@@ -3,8 +3,9 @@
 Inference only: no autograd (FlashAttention-2's function has none either). The new rows
 k/v are appended into k_cache/v_cache in place, then q attends to each sequence's cache
 rows [0, cache_seqlens[b] + seqlen_new); docs/DESIGN.md "KV cache" has the semantics.
-Rotary embeddings are applied here, on copies of q and k, with apply_rotary_emb. CUDA
-tensors run cute_fa2's split-KV kernel on the current stream of q's device.
+Rotary embeddings are applied by the C++ call (the new keys as they are written, q into its
+workspace); _rotary.py's apply_rotary_emb is the reference they match. CUDA tensors run
+cute_fa2's split-KV kernel on the current stream of q's device.
 
 Imported at the end of flashlab/__init__.py, after the helpers it uses are defined.
 """
@@ -15,7 +16,6 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from . import _check_arrays, _flashlab
 from ._options import Array, int32, kernel_for, options, window
-from ._rotary import apply_rotary_emb
 
 _OPTIONAL = ("k", "v", "rotary_cos", "rotary_sin", "cache_seqlens", "cache_batch_idx",
              "block_table", "cache_leftpad")
@@ -40,19 +40,6 @@ def _seqlens_array(cache_seqlens: Union[int, Array, None], q: Array, torch_: boo
     import numpy as np
 
     return np.full((batch,), n, dtype=np.int32)
-
-
-def _rotate(q: Array, k: Array, cos: Array, sin: Array, offsets: Any, interleaved: bool,
-            per_query: bool) -> Tuple[Array, Array]:
-    """(q, k) rotated: k at offsets[b] + t; q at offsets[b] + i when `per_query` (causal or
-    local), else every query of sequence b at offsets[b]."""
-    k = apply_rotary_emb(k, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
-    if per_query:
-        return apply_rotary_emb(q, cos, sin, interleaved=interleaved, seqlen_offsets=offsets), k
-    b, sq, hq, d = q.shape
-    flat = q.reshape(b, 1, sq * hq, d)  # one position per sequence, shared by all its queries
-    q = apply_rotary_emb(flat, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
-    return q.reshape(b, sq, hq, d), k
 
 
 def _empty(shape: Tuple[int, ...], like: Array, dtype: Any, torch_: bool) -> Array:
@@ -101,11 +88,13 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
     Sequence b attends to its cache rows [0, cache_seqlens[b] + S_new) with causal aligned
     to the cache's end (bottom-right); windows, softcap and GQA as in flash_attn_func.
 
-    Rotary (rotary_cos/rotary_sin [seqlen_rotary, rotary_dim / 2], needs k and v): k is
-    rotated at positions cache_seqlens[b] + t before it is written into the cache; q at
-    cache_seqlens[b] + i when causal or local (window_size != (-1, -1)), else every query
-    of sequence b at position cache_seqlens[b]. rotary_interleaved picks the (2i, 2i + 1)
-    pairs, else the halves. The caller's q and k are not modified.
+    Rotary (rotary_cos/rotary_sin [seqlen_rotary, rotary_dim / 2] in q's dtype, needs k and
+    v; seqlen_rotary at least the cache's rows): k is rotated at positions
+    cache_seqlens[b] + t before it is written into the cache; q at cache_seqlens[b] + i when
+    causal or local (a window bound below the cache's rows), else every query of sequence b
+    at position cache_seqlens[b]. rotary_interleaved picks the (2i, 2i + 1) pairs, else the
+    halves. fp32 arithmetic rounded once, as apply_rotary_emb. The caller's q and k are not
+    modified.
 
     num_splits (CUDA): how many CTAs share each sequence's keys (split-KV, at most 128);
     0 picks it from the SM count, batch, heads and cache length. CUDA tables are not read
@@ -138,19 +127,9 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
                          f"(paged: [num_pages, page_size, ...]), got shape {tuple(v_cache.shape)}")
     batch, seqlen_q, heads_q = q.shape[:3]
     cache_seqlens = _seqlens_array(cache_seqlens, q, torch_)
-    if (rotary_cos is None) != (rotary_sin is None):
-        raise ValueError("rotary_cos and rotary_sin must both be given or both be None")
-    if rotary_cos is not None:
-        if k is None or v is None:
-            raise ValueError("rotary_cos/rotary_sin: the new k and v to append must be given "
-                             "too (the rotation is applied to the appended keys)")
-        if cache_seqlens is None:
-            raise ValueError("rotary_cos/rotary_sin need cache_seqlens (the first position of "
-                             "each sequence's new rows)")
-        # cache_seqlens is an array here (an int became one above).
-        offsets = cache_seqlens.long() if torch_ else cache_seqlens.astype("int64")  # type: ignore[union-attr]  # noqa: E501
-        q, k = _rotate(q, k, rotary_cos, rotary_sin, offsets, bool(rotary_interleaved),
-                       bool(causal) or win != (-1, -1))
+    if rotary_cos is not None and cache_seqlens is None:
+        raise ValueError("rotary_cos/rotary_sin need cache_seqlens (the first position of "
+                         "each sequence's new rows)")
 
     opts = options(softmax_scale=softmax_scale, causal=causal, window_size=win, softcap=softcap,
                    kernel=kernel_for(kernel, False))
@@ -162,8 +141,14 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
     out = _empty((batch, seqlen_q, heads_q, v_cache.shape[3]), q, q.dtype, torch_)
     lse = _empty((batch, heads_q, seqlen_q), q, "float32", torch_) if return_softmax_lse else None
     tensors = (q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
-               cache_leftpad, out, lse)
-    size = _flashlab.forward_kvcache(*_crossing(tensors, torch_), opts, True)
+               cache_leftpad, rotary_cos, rotary_sin)
+    interleaved = bool(rotary_interleaved)
+
+    def call(size_only: bool) -> int:
+        t = _crossing(tensors + (out, lse), torch_)
+        return _flashlab.forward_kvcache(*t[:11], interleaved, *t[11:], opts, size_only)
+
+    size = call(True)
     opts.workspace = _crossing((_empty((size,), q, "uint8", torch_),), torch_)[0]
-    _flashlab.forward_kvcache(*_crossing(tensors, torch_), opts)
+    call(False)
     return (out, lse) if return_softmax_lse else out

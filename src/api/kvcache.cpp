@@ -11,14 +11,19 @@
 //     v_cache[...] cut to rows [cache_leftpad[b], L_b) (no copy);
 //   - paged cache: the L_b rows are gathered from their pages into the workspace as
 //     contiguous [1, L_b, heads_kv, head_dim] and [1, L_b, heads_kv, head_dim_v].
-// Workspace layout: gathered K, gathered V (each sized for the longest sequence, starting on
-// 256-byte boundaries), then the inner forward's workspace, sized by the largest of the
-// sequences' workspace_size(ForwardArgs).
+// With rotary, each new row is rotated as it is written into the cache, and q[b] is rotated
+// into the workspace before its forward(), which reads it there (fp32 arithmetic, fp64 for
+// fp64, rounded once to the dtype).
+// Workspace layout: gathered K, gathered V (each sized for the longest sequence), the rotated
+// q of one sequence [1, seqlen_q, heads_q, head_dim], each starting on a 256-byte boundary,
+// then the inner forward's workspace, sized by the largest of the sequences'
+// workspace_size(ForwardArgs).
 #include <algorithm>
 #include <climits>
 #include <cstring>
 
 #include "api/validate.h"
+#include "common/dtype.h"
 
 namespace flashlab {
 namespace {
@@ -32,7 +37,9 @@ using std::to_string;
 
 // What validation reads off the arguments, and where the workspace's parts start.
 struct Plan {
-  bool paged = false, append = false;
+  bool paged = false, append = false, rotary = false;
+  bool per_query = false;  // rotary: q row i at cache_seqlens[b] + i (else all at cache_seqlens[b])
+  int64_t rotary_dim = 0, seqlen_ro = 0;
   int64_t batch = 0, seqlen_q = 0, heads_q = 0, heads_kv = 0, head_dim = 0, head_dim_v = 0;
   int64_t seqlen_new = 0;
   int64_t cache_rows = 0;  // batch_cache, or num_pages
@@ -40,7 +47,7 @@ struct Plan {
   int64_t page_size = 0;
   int64_t max_len = 0;     // the largest L_b
   int64_t elem = 0;        // bytes per element of q, the caches and the new rows
-  size_t v_offset = 0, inner_offset = 0;  // workspace: gathered V, then the inner forward's
+  size_t v_offset = 0, q_offset = 0, inner_offset = 0;  // workspace: gathered V, rotated q, the inner forward's
 };
 
 int32_t at(const Tensor& t, int64_t i) { return static_cast<const int32_t*>(t.data)[i * t.stride[0]]; }
@@ -88,6 +95,43 @@ Status check_table(const Tensor& t, const char* name, int rank, const char* layo
                    int64_t batch) {
   FL_CHECK(api::check_int32(t, name, rank, layout, q));
   return expect_dim(t, name, 0, batch, "batch");
+}
+
+// FlashAttention-2's rule for where q is rotated: at cache_seqlens[b] + i when causal or
+// local, where a window bound is local when it is in [0, capacity) (a larger one cannot
+// bind, and FlashAttention-2 drops it first); else every query at cache_seqlens[b].
+bool rotary_per_query(const KvCacheArgs& a, int64_t capacity) {
+  auto binds = [capacity](int w) { return w >= 0 && w < capacity; };
+  return a.causal || binds(a.window_left) || binds(a.window_right);
+}
+
+// rotary_cos and rotary_sin: [seqlen_ro, rotary_dim / 2] in q's dtype and place, with k_new,
+// rotary_dim <= head_dim, seqlen_ro at least a sequence's cache rows (as FlashAttention-2).
+Status check_rotary(const KvCacheArgs& a, Plan* p) {
+  const Tensor &cos = a.maybe_rotary_cos, &sin = a.maybe_rotary_sin;
+  p->rotary = cos.present();
+  if (p->rotary != sin.present()) return invalid("rotary_cos and rotary_sin must both be given or both be absent");
+  if (!p->rotary) return {};
+  if (!p->append)
+    return invalid("rotary_cos/rotary_sin need k_new and v_new: the rotation applies to the appended keys "
+                   "(as in FlashAttention-2)");
+  FL_CHECK(check_view(cos, "rotary_cos", 2, "[seqlen_ro, rotary_dim / 2]"));
+  FL_CHECK(check_view(sin, "rotary_sin", 2, "[seqlen_ro, rotary_dim / 2]"));
+  FL_CHECK(check_same_placement(cos, "rotary_cos", a.q));
+  FL_CHECK(check_same_placement(sin, "rotary_sin", a.q));
+  FL_CHECK(expect_dim(sin, "rotary_sin", 0, cos.shape[0], "seqlen_ro, as rotary_cos"));
+  FL_CHECK(expect_dim(sin, "rotary_sin", 1, cos.shape[1], "rotary_dim / 2, as rotary_cos"));
+  p->rotary_dim = 2 * cos.shape[1];
+  p->seqlen_ro = cos.shape[0];
+  if (p->rotary_dim == 0 || p->rotary_dim > p->head_dim)
+    return invalid("rotary_dim (2·rotary_cos.shape[1] = " + to_string(p->rotary_dim) + ") must be in [2, head_dim = " +
+                   to_string(p->head_dim) + "]");
+  if (p->seqlen_ro < p->capacity)
+    return invalid("rotary_cos.shape[0] (seqlen_ro = " + to_string(p->seqlen_ro) + ") must be at least the " +
+                   to_string(p->capacity) + " rows of a sequence's cache (" +
+                   (p->paged ? "max_pages·page_size" : "seqlen_cache") + ")");
+  p->per_query = rotary_per_query(a, p->capacity);
+  return {};
 }
 
 // Each tensor alone, then how they agree: shapes, dtypes, devices, the tables' shapes.
@@ -190,6 +234,7 @@ Status check_tensors(const KvCacheArgs& a, Plan* p) {
     FL_CHECK(check_table(a.maybe_cache_seqlens, "cache_seqlens", 1, "[batch]", a.q, p->batch));
   if (a.maybe_cache_leftpad.present())
     FL_CHECK(check_table(a.maybe_cache_leftpad, "cache_leftpad", 1, "[batch]", a.q, p->batch));
+  FL_CHECK(check_rotary(a, p));
   // Kernels index a sequence's cache rows with int32.
   if (p->capacity > INT32_MAX)
     return invalid("the rows of a sequence's cache (" + std::string(p->paged ? "max_pages·page_size" : "seqlen_cache") +
@@ -209,8 +254,10 @@ Status check_memory(const KvCacheArgs& a, const Plan& p) {
                                    {&a.maybe_cache_seqlens, "cache_seqlens"},
                                    {&a.maybe_cache_batch_idx, "cache_batch_idx"},
                                    {&a.maybe_block_table, "block_table"},
-                                   {&a.maybe_cache_leftpad, "cache_leftpad"}, k_cache, v_cache};
-  return p.append ? api::check_outputs_disjoint(outputs, std::span(inputs, 7))
+                                   {&a.maybe_cache_leftpad, "cache_leftpad"},
+                                   {&a.maybe_rotary_cos, "rotary_cos"}, {&a.maybe_rotary_sin, "rotary_sin"},
+                                   k_cache, v_cache};
+  return p.append ? api::check_outputs_disjoint(outputs, std::span(inputs, 9))
                   : api::check_outputs_disjoint(std::span(outputs, 2), inputs);
 }
 
@@ -244,6 +291,12 @@ Status check_tables(const KvCacheArgs& a, Plan* p) {
                      to_string(p->seqlen_new) + " exceeds the " + to_string(p->capacity) +
                      " rows of the sequence's cache (" +
                      (p->paged ? "max_pages·page_size" : "seqlen_cache") + ")");
+    // The new rows' positions are below len <= capacity <= seqlen_ro; q's may pass it.
+    const int64_t q_last = c + (p->per_query ? p->seqlen_q - 1 : 0);
+    if (p->rotary && p->seqlen_q > 0 && q_last >= p->seqlen_ro)
+      return invalid("the rotary position of q[" + to_string(b) + "]'s last row, " + element("cache_seqlens", b) +
+                     (p->per_query ? " + seqlen_q - 1 = " : " = ") + to_string(q_last) +
+                     ", must be < seqlen_ro = " + to_string(p->seqlen_ro) + " (rotary_cos.shape[0])");
     if (a.maybe_cache_batch_idx.present()) {
       const int64_t r = at(a.maybe_cache_batch_idx, b);
       if (r < 0 || r >= p->cache_rows)
@@ -265,12 +318,14 @@ Status check_tables(const KvCacheArgs& a, Plan* p) {
 
 size_t round_up(size_t x) { return (x + 255) / 256 * 256; }
 
-// Sequence b's inner forward over its first `len` cache rows; a paged sequence's rows are
-// read from `gathered` (the workspace, where they are gathered before the call).
+// Sequence b's inner forward over its first `len` cache rows; a paged sequence's rows and a
+// rotated q are read from `gathered` (the workspace, where they are written before the call).
 ForwardArgs inner(const KvCacheArgs& a, const Plan& p, int64_t b, int64_t len, void* gathered) {
   ForwardArgs f;
   static_cast<CommonArgs&>(f) = a;
-  f.q = slice(a.q, b, p.elem);
+  f.q = p.rotary ? Tensor::contiguous(static_cast<char*>(gathered) + p.q_offset, a.q.dtype,
+                                      {1, p.seqlen_q, p.heads_q, p.head_dim})
+                 : slice(a.q, b, p.elem);
   f.out = slice(a.out, b, p.elem);
   if (a.maybe_lse.present()) f.maybe_lse = slice(a.maybe_lse, b, 4);
   if (p.paged) {
@@ -322,6 +377,13 @@ Status device_params(const KvCacheArgs& a, const Plan& pl, KvCacheParams* p) {
     p->cache_batch_idx_stride = a.maybe_cache_batch_idx.stride[0];
   if (a.maybe_cache_leftpad.present())
     p->cache_leftpad = table(a.maybe_cache_leftpad), p->cache_leftpad_stride = a.maybe_cache_leftpad.stride[0];
+  if (pl.rotary) {
+    const Tensor &cos = a.maybe_rotary_cos, &sin = a.maybe_rotary_sin;
+    p->rotary_cos = cos.data, p->rotary_sin = sin.data;
+    p->rotary_cos_stride = cos.stride[0], p->rotary_sin_stride = sin.stride[0];
+    p->rotary_dim = int(pl.rotary_dim), p->seqlen_ro = int(pl.seqlen_ro);
+    p->rotary_interleaved = a.rotary_interleaved, p->rotary_per_query = pl.per_query;
+  }
   if (pl.paged) {
     p->block_table = table(a.maybe_block_table);
     p->block_table_batch_stride = a.maybe_block_table.stride[0];
@@ -352,8 +414,13 @@ Status plan(const KvCacheArgs& a, Plan* p, size_t* need, KvCacheParams* params =
                     kbytes < (int64_t(1) << 61) && vbytes < (int64_t(1) << 61)))
     return invalid("the gathered paged cache of the longest sequence (" + to_string(p->max_len) +
                    " rows) exceeds 2^61 bytes");
+  int64_t qbytes = 0;  // a sequence's rotated q
+  if (p->rotary && !(checked_mul(p->seqlen_q * p->heads_q, p->head_dim * p->elem, &qbytes) &&
+                     qbytes < (int64_t(1) << 61)))
+    return invalid("the rotated q of a sequence (seqlen_q·heads_q·head_dim elements) exceeds 2^61 bytes");
   p->v_offset = round_up(size_t(kbytes));
-  p->inner_offset = p->paged ? round_up(p->v_offset + size_t(vbytes)) : 0;
+  p->q_offset = p->paged ? round_up(p->v_offset + size_t(vbytes)) : 0;
+  p->inner_offset = p->rotary ? round_up(p->q_offset + size_t(qbytes)) : p->q_offset;
   size_t inner_max = 0;
   for (int64_t b = 0; b < p->batch; ++b) {
     size_t w = 0;
@@ -364,11 +431,64 @@ Status plan(const KvCacheArgs& a, Plan* p, size_t* need, KvCacheParams* params =
   return {};
 }
 
+// A product rounded to W on its own: the compiler may not fuse it into an FMA (which
+// -march=native allows), so that a·c − b·s rounds as the Python reference's three
+// operations do, bit for bit.
+template <class W>
+W product(W x, W y) {
+  volatile W r = x * y;
+  return r;
+}
+
+// One head's vector src turned by the rotary angles of position pos into dst (kvcache.cpp's
+// header): W arithmetic, rounded once to the dtype; channels past rotary_dim copied.
+template <class W>
+void turn(char* dst, const char* src, const KvCacheArgs& a, const Plan& p, int64_t pos) {
+  const DType t = a.q.dtype;
+  const char* cos = at_bytes(a.maybe_rotary_cos, pos, 0, p.elem);
+  const char* sin = at_bytes(a.maybe_rotary_sin, pos, 0, p.elem);
+  const int64_t half = p.rotary_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t ia = a.rotary_interleaved ? 2 * i : i, ib = a.rotary_interleaved ? 2 * i + 1 : i + half;
+    const W c = W(load_as_double(cos, t, i)), s = W(load_as_double(sin, t, i));
+    const W xa = W(load_as_double(src, t, ia)), xb = W(load_as_double(src, t, ib));
+    const W ra = product(xa, c) - product(xb, s), rb = product(xa, s) + product(xb, c);
+    store_from_double(dst, t, ia, double(ra));
+    store_from_double(dst, t, ib, double(rb));
+  }
+  const size_t done = size_t(p.rotary_dim * p.elem);
+  std::memcpy(dst + done, src + done, size_t(p.head_dim * p.elem) - done);
+}
+
+// Rows of heads `heads` with head strides in elements, each head turned at position pos.
+void rotate_row(char* dst, int64_t dst_head, const char* src, int64_t src_head, int64_t heads,
+                const KvCacheArgs& a, const Plan& p, int64_t pos) {
+  for (int64_t h = 0; h < heads; ++h) {
+    char* d = dst + h * dst_head * p.elem;
+    const char* s = src + h * src_head * p.elem;
+    if (a.q.dtype == DType::kF64) turn<double>(d, s, a, p, pos);
+    else turn<float>(d, s, a, p, pos);
+  }
+}
+
+// q[b] rotated into the workspace as [1, seqlen_q, heads_q, head_dim], where inner() reads it.
+void rotate_q(const KvCacheArgs& a, const Plan& p, int64_t b) {
+  char* dst = static_cast<char*>(a.workspace) + p.q_offset;
+  const int64_t c = cached(a, p, b), row = p.heads_q * p.head_dim * p.elem;
+  for (int64_t i = 0; i < p.seqlen_q; ++i)
+    rotate_row(dst + i * row, p.head_dim, at_bytes(a.q, b, i, p.elem), a.q.stride[2], p.heads_q, a, p,
+               c + (p.per_query ? i : 0));
+}
+
 void append(const KvCacheArgs& a, const Plan& p, int64_t b, int64_t from) {
   const Tensor &kn = a.maybe_k_new, &vn = a.maybe_v_new;
   for (int64_t t = 0; t < p.seqlen_new; ++t) {
-    copy_row(cache_row(a, p, a.k_cache, b, from + t), a.k_cache.stride[2], at_bytes(kn, b, t, p.elem),
-             kn.stride[2], p, p.head_dim);
+    if (p.rotary)
+      rotate_row(cache_row(a, p, a.k_cache, b, from + t), a.k_cache.stride[2], at_bytes(kn, b, t, p.elem),
+                 kn.stride[2], p.heads_kv, a, p, from + t);
+    else
+      copy_row(cache_row(a, p, a.k_cache, b, from + t), a.k_cache.stride[2], at_bytes(kn, b, t, p.elem),
+               kn.stride[2], p, p.head_dim);
     copy_row(cache_row(a, p, a.v_cache, b, from + t), a.v_cache.stride[2], at_bytes(vn, b, t, p.elem),
              vn.stride[2], p, p.head_dim_v);
   }
@@ -403,24 +523,27 @@ Status forward_kvcache(const KvCacheArgs& a) noexcept {
                                                 " for forward_kvcache"};
   if (need > 0 && a.workspace == nullptr)
     return invalid("workspace is null but forward_kvcache needs " + to_string(need) + " bytes");
-  // A paged sequence's rows are gathered into the workspace before its forward(): the
-  // workspace must not share a byte with any tensor of the call, or that forward() would
-  // refuse the overlap only after earlier sequences' rows had been appended.
-  if (p.paged) {
-    const Tensor gathered = Tensor::contiguous(a.workspace, DType::kF32, {int64_t(p.inner_offset / 4)});
-    const api::NamedView ws[] = {{&gathered, "workspace"}};
+  // A paged sequence's rows and a rotated q are written into the workspace before its
+  // forward(): the workspace must not share a byte with any tensor of the call, or that
+  // forward() would refuse the overlap only after earlier sequences' rows had been appended.
+  if (p.inner_offset > 0) {
+    const Tensor written = Tensor::contiguous(a.workspace, DType::kF32, {int64_t(p.inner_offset / 4)});
+    const api::NamedView ws[] = {{&written, "workspace"}};
     const api::NamedView tensors[] = {{&a.q, "q"}, {&a.out, "out"}, {&a.maybe_lse, "lse"},
                                       {&a.k_cache, "k_cache"}, {&a.v_cache, "v_cache"},
                                       {&a.maybe_k_new, "k_new"}, {&a.maybe_v_new, "v_new"},
                                       {&a.maybe_cache_seqlens, "cache_seqlens"},
                                       {&a.maybe_cache_batch_idx, "cache_batch_idx"},
-                                      {&a.maybe_block_table, "block_table"}};
+                                      {&a.maybe_block_table, "block_table"},
+                                      {&a.maybe_cache_leftpad, "cache_leftpad"},
+                                      {&a.maybe_rotary_cos, "rotary_cos"}, {&a.maybe_rotary_sin, "rotary_sin"}};
     FL_CHECK(api::check_outputs_disjoint(ws, tensors));
   }
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t from = cached(a, p, b), len = from + p.seqlen_new;
     if (p.append) append(a, p, b, from);
     if (p.paged) gather(a, p, b, len);
+    if (p.rotary) rotate_q(a, p, b);
     FL_CHECK(forward(inner(a, p, b, len, a.workspace)));
   }
   return {};

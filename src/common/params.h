@@ -92,7 +92,11 @@ struct BwdParams : AttnParams {
 //   the cache of sequence b: cache_batch_idx[b] clamped to [0, cache_rows) (absent: b);
 //   its first row s_b: cache_leftpad[b] clamped to [0, c_b] (absent: 0); its keys are the
 //   rows [s_b, L_b), key j at row s_b + j;
-//   page j of sequence b: block_table[b][j] clamped to [0, cache_rows).
+//   page j of sequence b: block_table[b][j] clamped to [0, cache_rows);
+//   a rotary position (c_b + t for new row t; c_b + i for query i, or c_b for every query
+//   without rotary_per_query) clamped to [0, seqlen_ro).
+// With rotary the append kernel writes the rotated q, [batch, seqlen_q, heads_q, head_dim]
+// contiguous, to q_rot (in the workspace), and the attention kernel reads q from there.
 struct KvCacheParams : AttnParams {
   const void* k_new = nullptr;  // [batch, seqlen_new, heads_kv, head_dim]; null: no append
   const void* v_new = nullptr;
@@ -108,6 +112,13 @@ struct KvCacheParams : AttnParams {
   int page_size = 0;   // paged: rows per page
   int cache_rows = 0;  // batch_cache, or num_pages
   int num_splits = 0;  // 0: the kernel picks; else the caller's
+  const void* rotary_cos = nullptr;  // [seqlen_ro, rotary_dim / 2] in the dtype; null: no rotary
+  const void* rotary_sin = nullptr;
+  int64_t rotary_cos_stride = 0, rotary_sin_stride = 0;  // between rows (columns are contiguous)
+  int rotary_dim = 0, seqlen_ro = 0;
+  bool rotary_interleaved = false;  // pairs (2i, 2i + 1), else (i, i + rotary_dim / 2)
+  bool rotary_per_query = false;    // query i at c_b + i (causal or local), else all at c_b
+  void* q_rot = nullptr;            // set by the kernel's dispatch: where the rotated q goes
 };
 
 // Sequence bounds of batch entry b, read on the host (CPU kernels only: GPU kernels read

@@ -252,10 +252,12 @@ size_t backward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::ha
 }
 
 // forward_kvcache (FlashAttention-2's flash_attn_with_kvcache): k_cache and v_cache are
-// written in place when k_new and v_new are given. `size_only`: return the workspace bytes.
+// written in place when k_new and v_new are given, k_new rotated with rotary_cos/rotary_sin.
+// `size_only`: return the workspace bytes.
 size_t forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k_new,
                        nb::handle v_new, nb::handle cache_seqlens, nb::handle cache_batch_idx,
-                       nb::handle block_table, nb::handle cache_leftpad, nb::handle out,
+                       nb::handle block_table, nb::handle cache_leftpad, nb::handle rotary_cos,
+                       nb::handle rotary_sin, bool rotary_interleaved, nb::handle out,
                        nb::handle lse, const Options& o, bool size_only) {
   Keep keep;
   KvCacheArgs a;
@@ -269,6 +271,9 @@ size_t forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb:
   a.maybe_cache_batch_idx = view(cache_batch_idx, "cache_batch_idx", &keep);
   a.maybe_block_table = view(block_table, "block_table", &keep);
   a.maybe_cache_leftpad = view(cache_leftpad, "cache_leftpad", &keep);
+  a.maybe_rotary_cos = view(rotary_cos, "rotary_cos", &keep);
+  a.maybe_rotary_sin = view(rotary_sin, "rotary_sin", &keep);
+  a.rotary_interleaved = rotary_interleaved;
   a.out = view(out, "out", &keep);
   a.maybe_lse = view(lse, "lse", &keep);
   a.num_splits = o.num_splits;
@@ -311,7 +316,8 @@ NB_MODULE(_flashlab, m) {
   m.def("forward_kvcache", &forward_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"),
         nb::arg("k_new").none(), nb::arg("v_new").none(), nb::arg("cache_seqlens").none(),
         nb::arg("cache_batch_idx").none(), nb::arg("block_table").none(),
-        nb::arg("cache_leftpad").none(), nb::arg("out"),
+        nb::arg("cache_leftpad").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),
+        nb::arg("rotary_interleaved"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("options"), nb::arg("size_only") = false);
   m.def("kernels", [] {
     nb::list out;

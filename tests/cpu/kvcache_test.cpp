@@ -37,6 +37,18 @@ std::vector<KvCase> cases() {
   cs.back().causal = true, cs.back().leftpad = {17, 9, 0};
   cs.push_back({"fp32_leftpad_permuted_window", kF32, 1, 8, 8, 128, 0, {100, 60}, 0, true});
   cs.back().window_left = 30, cs.back().leftpad = {50, 1};
+  // Rotary: both pair layouts, rotary_dim below head_dim, q per query (causal, window) or at
+  // cache_seqlens[b] (neither, or a window too wide to bind), positions as rows with leftpad.
+  cs.push_back({"bf16_rotary_interleaved_append3_causal_gqa4", kBF16, 3, 8, 2, 256, 0, {60, 0, 200}, 3});
+  cs.back().causal = true, cs.back().rotary_dim = 32;
+  cs.push_back({"fp32_paged16_rotary_halves_rd16_decode", kF32, 1, 8, 2, 256, 16, {150, 33, 0}, 1});
+  cs.back().rotary_dim = 16, cs.back().rotary_interleaved = false;
+  cs.push_back({"bf16_permuted_rotary_halves_sq4_at_cache_end", kBF16, 4, 8, 8, 128, 0, {50, 100}, 2, true});
+  cs.back().rotary_dim = 32, cs.back().rotary_interleaved = false;
+  cs.push_back({"fp32_rotary_leftpad_window_rd24", kF32, 2, 8, 2, 128, 0, {100, 60}, 2});
+  cs.back().window_left = 30, cs.back().leftpad = {50, 1}, cs.back().rotary_dim = 24;
+  cs.push_back({"bf16_paged64_rotary_unbinding_window_sq3", kBF16, 3, 8, 2, 256, 64, {100, 7}, 3});
+  cs.back().window_left = 256, cs.back().rotary_dim = 32;
   return cs;
 }
 
@@ -193,6 +205,60 @@ TEST_F(KvCacheValidationTest, PagedWorkspaceOwnsItsMemory) {
       << "a refused call wrote the cache";
 }
 
+// Rotary's rules: both tables, with k_new, in q's dtype, of one shape, rotary_dim within
+// head_dim, seqlen_ro at least the cache's rows and (host tables) every q position below it;
+// the tables are inputs the written caches may not overlap, and the rotated q lives in the
+// workspace, which may not overlap a tensor of the call.
+TEST_F(KvCacheValidationTest, RotaryIsChecked) {
+  KvCase rotary = contiguous;  // 32 rows a sequence: tables of 34 rows of 8 (rotary_dim 16)
+  rotary.rotary_dim = 16;
+  KvCall k = call(rotary);
+  EXPECT_OK(forward_kvcache(valid(k)));
+  k.out.poison(), k.lse.poison();
+  struct Broken {
+    void (*breaks)(KvCacheArgs&);
+    const char* name;
+  };
+  const Broken broken[] = {
+      {[](KvCacheArgs& a) { a.maybe_rotary_sin = {}; }, "rotary_cos and rotary_sin must both be given"},
+      {[](KvCacheArgs& a) { a.maybe_k_new = a.maybe_v_new = {}; }, "rotary_cos/rotary_sin need k_new and v_new"},
+      {[](KvCacheArgs& a) { a.maybe_rotary_sin.dtype = DType::kF64; }, "rotary_sin.dtype (fp64) must match q.dtype"},
+      {[](KvCacheArgs& a) { a.maybe_rotary_sin.shape[0] = 33; },
+       "rotary_sin.shape[0] (seqlen_ro, as rotary_cos) must be 34"},
+      {[](KvCacheArgs& a) { a.maybe_rotary_cos.shape[1] = a.maybe_rotary_sin.shape[1] = 17; },
+       "rotary_dim (2·rotary_cos.shape[1] = 34) must be in [2, head_dim = 32]"},
+      {[](KvCacheArgs& a) { a.maybe_rotary_cos.shape[0] = a.maybe_rotary_sin.shape[0] = 31; },
+       "seqlen_ro = 31) must be at least the 32 rows"},
+      {[](KvCacheArgs& a) { a.maybe_rotary_cos.data = static_cast<char*>(a.k_cache.data) + 4; },
+       "k_cache overlaps rotary_cos"},
+  };
+  for (const Broken& b : broken) {
+    KvCacheArgs a = valid(k);
+    b.breaks(a);
+    expect_rejected(k, a, StatusCode::kInvalidArgument, {b.name});
+  }
+  // seqlen_ro = 32: causal q rows sit at cache_seqlens[b] + i, and 31 + 1 passes the table.
+  KvCacheArgs a = valid(k);
+  a.maybe_rotary_cos.shape[0] = a.maybe_rotary_sin.shape[0] = 32;
+  a.causal = true;
+  k.seqlens.set(1, 31);
+  expect_rejected(k, a, StatusCode::kInvalidArgument,
+                  {"rotary position of q[1]'s last row", "cache_seqlens[1] + seqlen_q - 1 = 32", "seqlen_ro = 32"});
+  a.causal = false;  // every query at cache_seqlens[1] = 31: within the table
+  size_t bytes = 0;
+  ASSERT_OK(workspace_size(a, &bytes));
+  k.workspace.assign(bytes / sizeof(double) + 1, 0.0);
+  a.workspace = k.workspace.data(), a.workspace_bytes = bytes;
+  EXPECT_OK(forward_kvcache(a));
+  k.out.poison(), k.lse.poison();
+  k.seqlens.set(1, 9);
+  a = valid(k);
+  const HostTensor kc = k.k_cache;
+  a.out.data = k.workspace.data();  // the rotated q goes to the workspace's start
+  EXPECT_TRUE(status_is(forward_kvcache(a), StatusCode::kInvalidArgument, {"workspace overlaps out"}));
+  EXPECT_TRUE(k.k_cache.storage() == kc.storage()) << "a refused call wrote the cache";
+}
+
 // CUDA tensors go to a kernel with a KV-cache pass on their device (cute_fa2); a CPU kernel
 // named for them is refused before anything runs.
 TEST_F(KvCacheValidationTest, CudaTensorsNeedADeviceKernel) {
@@ -228,6 +294,13 @@ TEST_F(KvCacheValidationTest, DeviceCallsAreCheckedOnTheHost) {
   a = base;
   a.maybe_k_new.shape[1] = a.maybe_v_new.shape[1] = 33;  // seqlen_cache is 32
   expect_rejected(k, a, StatusCode::kInvalidArgument, {"seqlen_new (33) exceeds the 32 rows"});
+  HostTensor table(DType::kF32, {31, 8});  // seqlen_ro 31 < the cache's 32 rows
+  a = base;
+  a.maybe_rotary_cos = a.maybe_rotary_sin = table.view();
+  a.maybe_rotary_cos.device = a.maybe_rotary_sin.device = Device::kCUDA;
+  expect_rejected(k, a, StatusCode::kInvalidArgument, {"seqlen_ro = 31) must be at least the 32 rows"});
+  a.maybe_k_new = a.maybe_v_new = {};
+  expect_rejected(k, a, StatusCode::kInvalidArgument, {"rotary_cos/rotary_sin need k_new and v_new"});
 
   KvCall pk = call(paged);
   KvCacheArgs pa = valid(pk);

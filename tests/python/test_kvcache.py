@@ -25,6 +25,7 @@ class Problem:
                  head_dim_v=None, seqlen_new=0, capacity=48, paged=False, batch_idx=False,
                  dtype=np.float16, seqlens=None):
         dv = head_dim_v or head_dim
+        self.capacity = capacity if not paged else -(-capacity // PAGE) * PAGE
         mk = lambda *s: rng.standard_normal(s).astype(dtype)  # noqa: E731
         self.q = mk(batch, seqlen_q, heads_q, head_dim)
         self.block_table = self.batch_idx = None
@@ -71,7 +72,8 @@ def expected(p, *, causal=False, window=(-1, -1), softcap=0.0, rotary=None, left
     """(k_cache, v_cache after the append, [(q_b, K_b, V_b) per sequence]); `rotary` is
     None or the interleaved flag; with `leftpad`, sequence b's keys start at row leftpad[b]."""
     kc, vc = p.k_cache.copy(), p.v_cache.copy()
-    local = causal or tuple(window) != (-1, -1)
+    # FlashAttention-2's rule: q rotates per query when causal or a window bound can bind.
+    local = causal or any(0 <= w < p.capacity for w in window)
     per_seq = []
     for b in range(p.q.shape[0]):
         s = int(p.seqlens[b])
@@ -152,13 +154,27 @@ def test_rotary_append(rng, paged, interleaved, causal):
     check_outputs(out, lse, per_seq, causal=causal)
 
 
-def test_rotary_local_window_rotates_q_per_position(rng):
-    # Local (a window without causal) rotates q like causal: position cache_seqlens + i.
+@pytest.mark.parametrize("window", [(8, 0), (48, -1)], ids=["local", "wider_than_cache"])
+def test_rotary_local_window_rotates_q_per_position(rng, window):
+    # Local (a window without causal) rotates q like causal: position cache_seqlens + i. A
+    # window bound of the cache's 48 rows or more cannot bind: q then rotates as without one.
     p = Problem(rng, seqlen_new=4, seqlen_q=4, dtype=np.float32)
-    kc, _, per_seq = expected(p, window=(8, 0), rotary=True)
-    out, lse = run(p, window_size=(8, 0), rotary_cos=p.cos, rotary_sin=p.sin)
+    kc, _, per_seq = expected(p, window=window, rotary=True)
+    out, lse = run(p, window_size=window, rotary_cos=p.cos, rotary_sin=p.sin)
     assert np.array_equal(p.k_cache, kc)
-    check_outputs(out, lse, per_seq, window=(8, 0))
+    check_outputs(out, lse, per_seq, window=window)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "interleaved"])
+def test_rotary_with_leftpad_counts_positions_from_row_0(rng, interleaved):
+    # FlashAttention-2: a left-padded cache's new rows and queries keep their row positions.
+    p = Problem(rng, seqlen_new=2, seqlen_q=2, dtype=np.float16)
+    leftpad = np.array([min(3, int(s)) for s in p.seqlens], dtype=np.int32)
+    kc, _, per_seq = expected(p, causal=True, rotary=interleaved, leftpad=leftpad)
+    out, lse = run(p, causal=True, cache_leftpad=leftpad, rotary_cos=p.cos, rotary_sin=p.sin,
+                   rotary_interleaved=interleaved)
+    assert np.array_equal(p.k_cache, kc)
+    check_outputs(out, lse, per_seq, causal=True)
 
 
 def test_cache_batch_idx_and_int_seqlens_and_gqa(rng):
@@ -301,13 +317,23 @@ def test_num_splits_must_be_non_negative(rng):
     assert out.shape == p.q.shape
 
 
-def test_rotary_needs_new_rows_and_both_tables(rng):
+def test_rotary_is_checked_by_name(rng):
     kw, p = _small(rng)
-    with pytest.raises(ValueError, match="k and v to append"):
+    with pytest.raises(ValueError, match="rotary_cos/rotary_sin need k_new and v_new"):
         flashlab.flash_attn_with_kvcache(**kw, rotary_cos=p.cos, rotary_sin=p.sin)
     kw, p = _small(rng, seqlen_new=2)
+    before = p.k_cache.copy()
     with pytest.raises(ValueError, match="both be given"):
         flashlab.flash_attn_with_kvcache(**kw, rotary_cos=p.cos)
+    with pytest.raises(ValueError, match=r"rotary_cos.dtype \(fp64\) must match q.dtype"):
+        flashlab.flash_attn_with_kvcache(**kw, rotary_cos=p.cos.astype(np.float64),
+                                         rotary_sin=p.sin.astype(np.float64))
+    with pytest.raises(ValueError, match=r"seqlen_ro = 15\) must be at least the 16 rows"):
+        flashlab.flash_attn_with_kvcache(**kw, rotary_cos=p.cos[:15], rotary_sin=p.sin[:15])
+    wide = np.ones((16, 17), np.float32)  # rotary_dim 34 > head_dim 32
+    with pytest.raises(ValueError, match=r"rotary_dim \(2·rotary_cos.shape\[1\] = 34\)"):
+        flashlab.flash_attn_with_kvcache(**kw, rotary_cos=wide, rotary_sin=wide)
+    assert np.array_equal(p.k_cache, before)
 
 
 def test_tables_must_be_int32(rng):

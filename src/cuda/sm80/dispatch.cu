@@ -27,7 +27,7 @@ constexpr char kSummary[] =
     "CuTe FlashAttention-2 (sm80 path): TiledMMA m16n8k16, cp.async, swizzled smem, ldmatrix; "
     "forward with P in registers, backward with dQ in fp32 atomics (deterministic on request); "
     "fp16/bf16, head dim 64/96/128/192/256, causal, window, softcap, GQA/MQA, varlen, LSE, dropout; "
-    "KV cache: split-KV with GQA packing, paged or contiguous, append";
+    "KV cache: split-KV with GQA packing, paged or contiguous, append, rotary";
 
 // One instantiation's entry points (fwd_instance.h, bwd_instance.h): the two structs are
 // alike because the passes' instances are; each pass has its own signatures.
@@ -190,12 +190,21 @@ int kv_splits(const KvCacheParams& p) {
   return 1;
 }
 
-// Split-KV's partial O and LSE per split and row (kv_kernel.cuh); none with one split.
-size_t workspace_kv(const KvCacheParams& p) {
-  const int splits = kv_splits(p);
+// The workspace: split-KV's partial O and LSE per split and row (kv_kernel.cuh; none with
+// one split), then with rotary the rotated q [batch, seqlen_q, heads_q, head_dim] from a
+// 256-byte boundary (kv_append.cuh).
+size_t kv_partials_bytes(const KvCacheParams& p, int splits) {
   if (splits == 1) return 0;
   return size_t(splits) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q) *
          size_t(p.head_dim_v + 1) * sizeof(float);
+}
+size_t kv_q_rot_offset(const KvCacheParams& p, int splits) { return (kv_partials_bytes(p, splits) + 255) / 256 * 256; }
+
+size_t workspace_kv(const KvCacheParams& p) {
+  const int splits = kv_splits(p);
+  if (p.rotary_cos == nullptr) return kv_partials_bytes(p, splits);
+  return kv_q_rot_offset(p, splits) + size_t(p.batch) * size_t(p.seqlen_q) * size_t(p.heads_q) *
+                                           size_t(p.head_dim) * dtype_size(p.dtype);
 }
 
 Status run_kv(const KvCacheParams& p) {
@@ -203,7 +212,10 @@ Status run_kv(const KvCacheParams& p) {
     return {StatusCode::kInvalidArgument,
             "cute_fa2's KV-cache forward needs a 16-byte aligned workspace (fp32 partials)"};
   cuda::DeviceGuard guard(p.device_index);
-  return entries_for<KvEntries>(p).run(p, kv_splits(p));
+  const int splits = kv_splits(p);
+  KvCacheParams r = p;
+  if (p.rotary_cos != nullptr) r.q_rot = static_cast<char*>(p.workspace) + kv_q_rot_offset(p, splits);
+  return entries_for<KvEntries>(r).run(r, splits);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // cute_fa2's KV-cache forward (flash-decoding): attention of a few query rows against a long
 // cache, where the work is reading K and V and the tensor cores idle. Three kernels on one
 // stream:
-//   append    the new rows k_new/v_new written into the cache at cache_seqlens[b];
+//   append    the new rows k_new/v_new written into the cache at cache_seqlens[b], with
+//             rotary k_new and q rotated on the way (kv_append.cuh);
 //   split-KV  one CTA per (sequence, KV head, split of the keys, block of packed rows): the
 //             softmax of its rows over its share of the keys, written as a partial O (fp32,
 //             normalized) and its LSE; with one split, O and LSE directly;
@@ -33,6 +34,7 @@
 #include "cuda/sm80/fwd_mainloop.cuh"
 #include "cuda/sm80/fwd_softmax.cuh"
 #include "cuda/sm80/fwd_traits.h"
+#include "cuda/sm80/kv_append.cuh"
 #include "cuda/sm80/kv_instance.h"
 
 namespace flashlab::sm80 {
@@ -58,60 +60,6 @@ struct KvConfig {
       FwdTraits<typename ElementFor<kDtype>::type, kHeadDim, 64, kBlockN, 4, kMinBlocksPerSm>;
   static constexpr int kSmemBytes = Traits::kSmemQBytes + kStages * 2 * Traits::kSmemKVBytes;
 };
-
-// ---- the cache, read through clamped tables ----------------------------------------------
-struct CacheSeq {
-  int cached;  // c_b: rows already in the cache, where the new ones go
-  int start;   // s_b: the sequence's first row (cache_leftpad[b]); key j is row s_b + j
-  int len;     // L_b − s_b: the keys attended to
-  int row;     // the cache's batch_cache row (contiguous caches)
-};
-
-__device__ __forceinline__ int clamp_to(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
-
-__device__ __forceinline__ CacheSeq cache_seq(const KvCacheParams& p, int b) {
-  const int room = p.seqlen_k - p.seqlen_new;
-  const int c = p.cache_seqlens ? clamp_to(p.cache_seqlens[b * p.cache_seqlens_stride], 0, room) : room;
-  const int row = p.cache_batch_idx
-                      ? clamp_to(p.cache_batch_idx[b * p.cache_batch_idx_stride], 0, p.cache_rows - 1)
-                      : b;
-  const int start = p.cache_leftpad ? clamp_to(p.cache_leftpad[b * p.cache_leftpad_stride], 0, c) : 0;
-  return {c, start, c + p.seqlen_new - start, row};
-}
-
-// The page that holds cache row `pos` of sequence b (paged caches).
-__device__ __forceinline__ int64_t page_of(const KvCacheParams& p, int b, int pos) {
-  return clamp_to(p.block_table[b * p.block_table_batch_stride + (pos / p.page_size) * p.block_table_page_stride],
-                  0, p.cache_rows - 1);
-}
-
-// Element offset of cache row `pos` (< seqlen_k; a row of the cache, not a key index) of
-// sequence b, head 0, in a cache with these batch (or page) and row strides.
-__device__ __forceinline__ int64_t cache_offset(const KvCacheParams& p, const CacheSeq& s, int b,
-                                                int pos, int64_t batch_stride, int64_t row_stride) {
-  if (p.block_table)
-    return page_of(p, b, pos) * batch_stride + int64_t(pos % p.page_size) * row_stride;
-  return s.row * batch_stride + int64_t(pos) * row_stride;
-}
-
-// ---- append ------------------------------------------------------------------------------
-// grid (seqlen_new, heads_kv, batch): row t of k_new/v_new → cache row c_b + t.
-template <class Element>
-__global__ void kv_append_kernel(const __grid_constant__ KvCacheParams p) {
-  const int t = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-  const CacheSeq s = cache_seq(p, b);
-  const int pos = s.cached + t;
-  Element* k = static_cast<Element*>(const_cast<void*>(p.k)) + hk * p.k_head_stride +
-               cache_offset(p, s, b, pos, p.k_batch_stride, p.k_row_stride);
-  Element* v = static_cast<Element*>(const_cast<void*>(p.v)) + hk * p.v_head_stride +
-               cache_offset(p, s, b, pos, p.v_batch_stride, p.v_row_stride);
-  const Element* kn = static_cast<const Element*>(p.k_new) + b * p.kn_batch_stride +
-                      t * p.kn_row_stride + hk * p.kn_head_stride;
-  const Element* vn = static_cast<const Element*>(p.v_new) + b * p.vn_batch_stride +
-                      t * p.vn_row_stride + hk * p.vn_head_stride;
-  for (int d = threadIdx.x; d < p.head_dim; d += blockDim.x) k[d] = kn[d];
-  for (int d = threadIdx.x; d < p.head_dim_v; d += blockDim.x) v[d] = vn[d];
-}
 
 // ---- split-KV ----------------------------------------------------------------------------
 // cp.async of one 16-byte chunk, global → shared, cached in L2 only.
@@ -506,24 +454,32 @@ Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
   using Tr = typename Config::Traits;
   using Element = typename Tr::Element;
   const auto stream = static_cast<cudaStream_t>(p.stream);
-  if (p.k_new != nullptr && p.seqlen_new > 0) {
-    kv_append_kernel<Element><<<dim3(p.seqlen_new, p.heads_kv, p.batch), 128, 0, stream>>>(p);
+  if (p.k_new != nullptr && kv_append_rows(p) > 0) {
+    kv_append_kernel<Element><<<dim3(kv_append_rows(p), p.heads_kv, p.batch), 128, 0, stream>>>(p);
     FL_CUDA_CHECK_LAUNCH();
   }
   // The API runs a call with no query rows only for its append (src/api/dispatch.cpp's
   // nothing_to_write): then the append is the whole call.
   const int row_blocks = int(kv_row_blocks(p, Tr::kBlockM));
   if (row_blocks == 0) return {};
-  const void* kernel = kv_kernel_for<kDtype, kHeadDim>(p);
+  // With rotary the attention reads the q that the append kernel wrote, contiguous.
+  KvCacheParams a = p;
+  if (p.rotary_cos != nullptr) {
+    a.q = p.q_rot;
+    a.q_head_stride = p.head_dim;
+    a.q_row_stride = int64_t(p.heads_q) * p.head_dim;
+    a.q_batch_stride = a.q_row_stride * p.seqlen_q;
+  }
+  const void* kernel = kv_kernel_for<kDtype, kHeadDim>(a);
   if (Config::kSmemBytes > 48 * 1024)
     FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Config::kSmemBytes));
-  void* args[] = {const_cast<KvCacheParams*>(&p), &splits};
+  void* args[] = {&a, &splits};
   FL_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(p.batch * p.heads_kv, splits, row_blocks),
                                  dim3(Tr::kNThreads), args, size_t(Config::kSmemBytes), stream));
   if (splits > 1) {
     const int64_t blocks = (kv_rows_all(p) + 3) / 4;
-    kv_combine_kernel<Element, kHeadDim><<<unsigned(blocks), 128, 0, stream>>>(p, splits);
+    kv_combine_kernel<Element, kHeadDim><<<unsigned(blocks), 128, 0, stream>>>(a, splits);
     FL_CUDA_CHECK_LAUNCH();
   }
   return {};

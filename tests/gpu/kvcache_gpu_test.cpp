@@ -3,11 +3,12 @@
 // half dtypes, head dims 64/96/128/192/256, GQA 1/4/8, query lengths 1/4/16, contiguous caches
 // (with and without cache_batch_idx) and paged ones of every page size from 16 to 256,
 // append, zero-length caches, left padding, causal, windows and softcap, NaN in the rows no
-// query sees,
+// query sees, rotary (both pair layouts, rotary_dim below head_dim, q per query or at the
+// cache's end),
 // and split counts chosen by the kernel, forced to 1 and forced above the key tiles a
 // sequence has.
 // Then the device tables' clamping: out-of-range cache_seqlens, cache_batch_idx and
-// block_table values give results in bounds.
+// block_table values, and rotary positions past the tables, give results in bounds.
 #include <gtest/gtest.h>
 
 #include "gpu_fixture.h"
@@ -67,6 +68,19 @@ std::vector<KvCase> gpu_cases() {
   // Split counts: one, and more than the shortest sequence has key tiles (empty splits).
   add({"bf16_d128_one_split", kBF16, 1, 8, 2, 2048, 0, {2000, 700}}, 128)->num_splits = 1;
   add({"bf16_d128_many_splits", kBF16, 4, 8, 2, 2048, 32, {2000, 70, 0}, 4}, 128)->num_splits = 40;
+  // Rotary in the append kernel, q read from the workspace (after the partials with splits).
+  add({"bf16_d128_rotary_interleaved_decode_gqa4", kBF16, 1, 8, 2, 2048, 0, {2000, 1, 777}, 1}, 128)
+      ->rotary_dim = 128;
+  auto* r1 = add({"fp16_d128_paged16_rotary_halves_append4_causal_gqa8", kF16, 4, 16, 2, 1024, 16, {900, 33}, 4}, 128);
+  r1->causal = true, r1->rotary_dim = 128, r1->rotary_interleaved = false;
+  auto* r2 = add({"bf16_d64_rotary_rd32_halves_append16_causal", kBF16, 16, 8, 2, 640, 0, {500, 17, 0}, 16}, 64);
+  r2->causal = true, r2->rotary_dim = 32, r2->rotary_interleaved = false, r2->num_splits = 1;
+  auto* r3 = add({"bf16_d128_paged64_rotary_sq4_at_cache_end", kBF16, 4, 8, 2, 1024, 64, {700, 64, 1}, 2}, 128);
+  r3->rotary_dim = 64, r3->num_splits = 7;
+  auto* r4 = add({"fp16_d128_rotary_leftpad_window_permuted", kF16, 3, 8, 2, 512, 0, {400, 90}, 3, true}, 128);
+  r4->window_left = 70, r4->leftpad = {130, 90}, r4->rotary_dim = 96;
+  auto* r5 = add({"bf16_d256_rotary_append2_causal_gqa4", kBF16, 2, 8, 2, 512, 0, {500, 3}, 2}, 256);
+  r5->causal = true, r5->rotary_dim = 256;
   return cs;
 }
 #endif  // FLASHLAB_WITH_CUDA
@@ -97,6 +111,10 @@ TEST_F(KvCacheGpuClampTest, BadTablesStayInBounds) {
   KvCase paged64{"clamp_paged64", kBF16, 1, 8, 2, 256, 64, {100, 200}, 1};
   KvCase paged16{"clamp_paged16", kBF16, 1, 8, 2, 256, 16, {100, 200}, 1};
   KvCase contiguous{"clamp_contiguous", kBF16, 1, 8, 2, 256, 0, {100, 200}, 1, true};
+  // Rotary with causal q rows past seqlen_new: positions up to c_b + 3 against tables of
+  // exactly the cache's 256 rows (the host's bound), so the clamp to the last row is needed.
+  KvCase rotary{"clamp_rotary", kBF16, 4, 8, 2, 256, 0, {100, 200}, 1};
+  rotary.causal = true, rotary.rotary_dim = 128;
   struct Variant {
     const char* what;
     KvCase* c;
@@ -113,6 +131,14 @@ TEST_F(KvCacheGpuClampTest, BadTablesStayInBounds) {
       {"negative pages, 16-row pages", &paged16,
        [](KvCall& k) { k.block_table.assign(std::vector<double>(k.block_table.numel(), -7)); }},
       {"cache rows outside the cache", &contiguous, [](KvCall& k) { k.batch_idx.assign({-1, 99}); }},
+      {"rotary positions past the tables", &rotary,
+       [](KvCall& k) {
+         k.seqlens.assign({-5, 1 << 30});
+         for (HostTensor* t : {&k.rotary_cos, &k.rotary_sin}) {
+           *t = HostTensor(DType::kBF16, {256, 64});
+           t->assign(std::vector<double>(t->numel(), 0.5));
+         }
+       }},
   };
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.what);
@@ -122,6 +148,7 @@ TEST_F(KvCacheGpuClampTest, BadTablesStayInBounds) {
     v.bad(k);
     DevicePlacement device;
     KvCacheArgs a = k.args("cute_fa2", device);
+    a.causal = v.c->causal;
     size_t bytes = 0;
     ASSERT_OK(workspace_size(a, &bytes));
     a.workspace = device.scratch(bytes);

@@ -6,7 +6,12 @@ on the keys and values the cache holds.
 
 - dense_kv: those keys and values as [B, L, Hkv, D], gathered through the block table, the
   appended rows last: what a peer without a KV cache attends to.
-- flashlab_runner: flashlab.flash_attn_with_kvcache, the Python call, on an input set.
+- flashlab_runner: flashlab.flash_attn_with_kvcache, the Python call, on an input set; for an
+  entry named <kernel>+rotary (--rotary) with rotary tables too.
+- identity_rotary: those tables: cos 1 and sin 0 over the cache's rows and head_dim / 2
+  columns. The rotation leaves q and k as they are, so the entry's outputs are checked
+  against the same dense forward as the others, while the kernels do the work of any
+  angles (nothing in them depends on the tables' values).
 - graphed: any entry captured once per input set in a CUDA graph and replayed per call, so
   that its time is the GPU's without Python's per-call overhead (--graphs).
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List
 
 Run = Callable[[int], Dict[str, object]]
+ROTARY = "+rotary"  # a FlashLab entry that appends with rotary (--rotary)
 
 
 def dense_kv(p, s: Dict[str, object]) -> List[object]:
@@ -36,16 +42,35 @@ def dense_kv(p, s: Dict[str, object]) -> List[object]:
     return out
 
 
+def identity_rotary(s: Dict[str, object]) -> List[object]:
+    """[cos, sin] for input set s: [rows, head_dim / 2] of 1 and 0 in q's dtype on q's
+    device, rows those of a sequence's cache (max_pages · page_size when paged)."""
+    import torch
+
+    q, k = s["q"], s["k"]
+    rows = k.shape[1] * (s["block_table"].shape[1] if "block_table" in s else 1)
+    shape = (rows, q.shape[-1] // 2)
+    return [torch.ones(shape, dtype=q.dtype, device=q.device),
+            torch.zeros(shape, dtype=q.dtype, device=q.device)]
+
+
 def flashlab_runner(kernel: str, p, sets: List[Dict[str, object]]) -> Run:
-    """flashlab.flash_attn_with_kvcache on input set i, appending k_new/v_new when present."""
+    """flashlab.flash_attn_with_kvcache on input set i, appending k_new/v_new when present;
+    kernel "<name>+rotary" adds identity_rotary's tables (which need k_new)."""
     import flashlab
+
+    rotary = kernel.endswith(ROTARY)
+    kernel = kernel[:-len(ROTARY)] if rotary else kernel
+    if rotary and not p.seqlen_new:
+        raise ValueError("rotary rotates the appended keys: the problem needs --append >= 1")
+    tables = [identity_rotary(s) if rotary else [None, None] for s in sets]
 
     def run(i: int) -> Dict[str, object]:
         s = sets[i]
         out = flashlab.flash_attn_with_kvcache(
             s["q"], s["k"], s["v"], k=s.get("k_new"), v=s.get("v_new"),
-            cache_seqlens=s["cache_seqlens"], block_table=s.get("block_table"),
-            causal=p.causal, kernel=kernel)
+            rotary_cos=tables[i][0], rotary_sin=tables[i][1], cache_seqlens=s["cache_seqlens"],
+            block_table=s.get("block_table"), causal=p.causal, kernel=kernel)
         return {"out": out}
     return run
 

@@ -243,6 +243,8 @@ def make_peer(impl: str, p, sets):
             return _bench_decode.graphed(run, len(sets))
         except RuntimeError as e:
             raise Skip(f"not capturable in a CUDA graph: {_first_line(e)}") from None
+    if impl.startswith("flashlab:"):  # an entry the native harness does not run (+rotary)
+        return _bench_decode.flashlab_runner(impl.split(":", 1)[1], p, sets)
     if p.decode:
         return make_decode_sdpa(None if impl == "sdpa_cpu" else impl, p, sets)
     if impl == "triton_fa2":
@@ -264,6 +266,7 @@ def gpu_impls(args, backward: bool, decode: bool = False) -> List[str]:
     names = {k["name"]: k for k in flashlab.kernels() if k["arch"] != "cpu"}
     if decode:
         ours = [k for k in args.kernels or ["auto"] if k == "auto" or names.get(k, {}).get("kvcache")]
+        ours += [k + _bench_decode.ROTARY for k in ours] if args.rotary else []
         impls = [f"flashlab:{k}" for k in ours] + [q for q in DECODE_PEERS if q in (args.peers or DECODE_PEERS)]
         return impls + ([i + GRAPH for i in impls] if args.graphs else [])
     if args.kernels:
@@ -280,6 +283,7 @@ def gpu_impls(args, backward: bool, decode: bool = False) -> List[str]:
 
 def cpu_impls(args) -> List[str]:
     kernels = args.kernels or ["cpu_flash", "cpu_reference"]
+    kernels += [k + _bench_decode.ROTARY for k in kernels] if args.decode and args.rotary else []
     return [f"flashlab:{k}" for k in kernels] + [q for q in CPU_PEERS if q in (args.peers or CPU_PEERS)]
 
 
@@ -327,7 +331,7 @@ def input_sets(bench):
 
 def prepare(bench, impl: str, p, sets) -> object:
     """The entry of one implementation: checked, ready to time (or refused, with the reason)."""
-    if impl.startswith("flashlab:") and not impl.endswith(GRAPH):
+    if impl.startswith("flashlab:") and not impl.endswith(GRAPH) and _bench_decode.ROTARY not in impl:
         return bench.add_kernel(impl.split(":", 1)[1])
     if sets is None:
         return bench.refused(impl, "torch is not installed")
@@ -459,6 +463,10 @@ def parse_args(argv=None):
     p.add_argument("--append", type=int, default=0,
                    help="--decode: rows each call appends (k_new/v_new); it still attends to "
                         "the cache length")
+    p.add_argument("--rotary", action="store_true",
+                   help="--decode with --append: also each FlashLab entry with rotary "
+                        "(<entry>+rotary, through flash_attn_with_kvcache; identity tables, so "
+                        "the outputs check as without, at the cost of any angles)")
     p.add_argument("--graphs", action="store_true",
                    help="--decode on the GPU: also each implementation captured in a CUDA graph "
                         "(name@graph), its time without Python's per-call overhead")
@@ -513,8 +521,10 @@ def parse_args(argv=None):
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(8), "little")
     cuda = args.device == "cuda"
-    if not args.decode and (args.page_size or args.append or args.graphs):
-        p.error("--page-size, --append and --graphs belong to --decode")
+    if not args.decode and (args.page_size or args.append or args.graphs or args.rotary):
+        p.error("--page-size, --append, --rotary and --graphs belong to --decode")
+    if args.rotary and args.append < 1:
+        p.error("--rotary rotates the appended keys: give --append 1 (or more)")
     if args.graphs and not cuda:
         p.error("--graphs captures CUDA graphs: it needs --device cuda")
     if args.decode and args.heads is None:

@@ -310,3 +310,21 @@ def test_decode_flags_and_entries():
     assert bench.gpu_impls(args, False, True) == [
         "flashlab:auto", "sdpa_flash", "sdpa_cudnn",
         "flashlab:auto@graph", "sdpa_flash@graph", "sdpa_cudnn@graph"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--device", "cpu", "--decode", "--rotary"])  # rotary needs --append
+    args.rotary = True
+    assert bench.gpu_impls(args, False, True)[:2] == ["flashlab:auto", "flashlab:auto+rotary"]
+    assert "flashlab:auto+rotary@graph" in bench.gpu_impls(args, False, True)
+
+
+@pytest.mark.torch
+def test_a_cpu_decode_run_with_rotary_checks_and_times_it(tmp_path, capsys):
+    rc = bench.main(["--device", "cpu", "--decode", "--seqlens", "64", "--heads", "4",
+                     "--heads-kv", "2", "--hdim", "32", "--page-size", "16", "--append", "1",
+                     "--rotary", "--kernels", "cpu_flash", "--peers", "sdpa_cpu", "--budget",
+                     "0.05", "--warmup-ms", "0", "--threads", "1", "--no-progress", "--out",
+                     str(tmp_path)])
+    assert rc == 0, capsys.readouterr().out
+    recs = json.loads((tmp_path / "bench.json").read_text())["results"]
+    rotary = [r for r in recs if r["impl"] == "flashlab:cpu_flash+rotary"]
+    assert len(rotary) == 1 and rotary[0]["status"] == "ok" and rotary[0]["gbps"] > 0

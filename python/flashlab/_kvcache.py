@@ -117,8 +117,9 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
                            else None, cache_batch_idx=cache_batch_idx, block_table=block_table,
                            cache_leftpad=cache_leftpad)
     if torch_:  # inference only: plain views of the same memory, so the cache writes land
-        q, k_cache, v_cache, k, v = (None if x is None else x.detach()
-                                     for x in (q, k_cache, v_cache, k, v))
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin = (
+            None if x is None else x.detach()
+            for x in (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin))
     if len(q.shape) != 4:
         raise ValueError(f"q must be [batch, seqlen_q, heads_q, head_dim], got shape "
                          f"{tuple(q.shape)}")

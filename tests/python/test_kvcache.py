@@ -209,7 +209,8 @@ def test_torch_cpu_tensors(rng, paged):
     k_cache, v_cache = t(p.k_cache.copy()), t(p.v_cache.copy())
     q = t(p.q.copy()).requires_grad_()
     out, lse = flashlab.flash_attn_with_kvcache(
-        q, k_cache, v_cache, t(p.k), t(p.v), rotary_cos=t(p.cos), rotary_sin=t(p.sin),
+        q, k_cache, v_cache, t(p.k), t(p.v), rotary_cos=t(p.cos).requires_grad_(),
+        rotary_sin=t(p.sin),
         cache_seqlens=t(p.seqlens), block_table=None if p.block_table is None else
         t(p.block_table), causal=True, rotary_interleaved=False, return_softmax_lse=True)
     assert isinstance(out, torch.Tensor) and not out.requires_grad

@@ -119,19 +119,12 @@ inline void store_row(void* base, DType dt, int64_t offset, int n, float mul, co
   }
 }
 
-// Asks for rows [0, rows) of a tensor (first row at element `offset`) to be brought into
-// cache. The key loop calls it for the next K/V block while it computes on this one: rows
-// sit heads·head_dim elements apart, usually a page or more, so the hardware prefetcher
-// does not follow them and each copy would otherwise wait on memory.
-inline void prefetch_rows(const void* base, DType dt, int64_t offset, int64_t row_stride, int rows,
-                   int width) {
-  constexpr int kLine = 64;
-  const size_t es = dtype_size(dt);
-  const char* b = static_cast<const char*>(base);
-  for (int r = 0; r < rows; ++r) {
-    const char* row = b + (offset + r * row_stride) * int64_t(es);
-    for (size_t byte = 0; byte < width * es; byte += kLine) __builtin_prefetch(row + byte);
-  }
+// Adds rows [0, rows) of a tensor (first row at element `offset`, each `width` elements)
+// to the lines `pf` brings into cache (gemm.h).
+inline void prefetch_rows(Prefetcher& pf, const void* base, DType dt, int64_t offset, int64_t row_stride,
+                          int rows, int width) {
+  const int64_t es = int64_t(dtype_size(dt));
+  pf.add(static_cast<const char*>(base) + offset * es, row_stride * es, rows, width * es);
 }
 
 // ---- exp2 -------------------------------------------------------------------------------
@@ -400,19 +393,22 @@ inline void mask_transposed(float* St, int n, int mc, int j0, const int* kb, con
   }
 }
 
-// Keys [j0, j0 + n) of the block's K and V heads into K [n, Dp] and V [n, Dvp] (fp32),
-// and a prefetch of the next block's rows (up to key je) while this one is computed.
-inline void load_kv_block(const AttnParams& p, const QBlock& q, int j0, int n, int je, float* K, float* V) {
+// Element offsets of key j0's row in the block's K and V heads.
+inline int64_t k_row(const AttnParams& p, const QBlock& q, int j0) {
+  return at(p.k_batch_stride, p.k_row_stride, p.k_head_stride, q.b, q.sb.start_k, j0, q.hk);
+}
+inline int64_t v_row(const AttnParams& p, const QBlock& q, int j0) {
+  return at(p.v_batch_stride, p.v_row_stride, p.v_head_stride, q.b, q.sb.start_k, j0, q.hk);
+}
+
+// Keys [j0, j0 + n) of the block's K and V heads into K [n, Dp] and V [n, Dvp] (fp32).
+inline void load_kv_block(const AttnParams& p, const QBlock& q, int j0, int n, float* K, float* V) {
   const int D = p.head_dim, Dv = p.head_dim_v, Dp = padded(D), Dvp = padded(Dv);
-  const int64_t k_first = at(p.k_batch_stride, p.k_row_stride, p.k_head_stride, q.b, q.sb.start_k, 0, q.hk);
-  const int64_t v_first = at(p.v_batch_stride, p.v_row_stride, p.v_head_stride, q.b, q.sb.start_k, 0, q.hk);
+  const int64_t k_first = k_row(p, q, j0), v_first = v_row(p, q, j0);
   for (int j = 0; j < n; ++j) {
-    load_row(p.k, p.dtype, k_first + int64_t(j0 + j) * p.k_row_stride, D, 1.f, K + int64_t(j) * Dp);
-    load_row(p.v, p.dtype, v_first + int64_t(j0 + j) * p.v_row_stride, Dv, 1.f, V + int64_t(j) * Dvp);
+    load_row(p.k, p.dtype, k_first + int64_t(j) * p.k_row_stride, D, 1.f, K + int64_t(j) * Dp);
+    load_row(p.v, p.dtype, v_first + int64_t(j) * p.v_row_stride, Dv, 1.f, V + int64_t(j) * Dvp);
   }
-  const int next = std::min(kBlockN, je - j0 - n);
-  prefetch_rows(p.k, p.dtype, k_first + int64_t(j0 + n) * p.k_row_stride, p.k_row_stride, next, D);
-  prefetch_rows(p.v, p.dtype, v_first + int64_t(j0 + n) * p.v_row_stride, p.v_row_stride, next, Dv);
 }
 
 // ---- huge scales ------------------------------------------------------------------------
@@ -464,10 +460,12 @@ inline void load_q_block(const AttnParams& p, const QBlock& q, float* Qt) {
 
 // One step of a query block's key loop: keys [j0, j0 + n) of its K and V heads into the
 // K and V tiles, and the score tile Sᵀ[j][i] = k_j · q_i [n, mc] (the K block is A, Qᵀ is
-// B). True when the tile is partly masked, so that per-element masking must run.
-inline bool score_tile(const AttnParams& p, const QTiles& w, const QBlock& q, int j0, int n, int je) {
-  load_kv_block(p, q, j0, n, je, w.K, w.V);
-  gemm<false, false>(n, q.mc, p.head_dim, w.K, padded(p.head_dim), w.Qt, kBlockM, w.St, kBlockM);
+// B), which prefetches the first half of `next` (the next block's K rows). True when the
+// tile is partly masked, so that per-element masking must run.
+inline bool score_tile(const AttnParams& p, const QTiles& w, const QBlock& q, int j0, int n, Prefetcher& next) {
+  load_kv_block(p, q, j0, n, w.K, w.V);
+  gemm<false, false>(n, q.mc, p.head_dim, w.K, padded(p.head_dim), w.Qt, kBlockM, w.St, kBlockM, &next,
+                     next.left() / 2);
   return !p.mask.tile_is_full(q.i0, q.i0 + q.m, j0, j0 + n, q.sb.len_q, q.sb.len_k);
 }
 
@@ -500,7 +498,9 @@ inline void split_softmax_step(const AttnParams& p, const QTiles& w, const QBloc
 }
 
 // A query block's key loop: for each block of keys [j0, j0 + n) that a row of the query
-// block sees, score_tile(), then f(j0, n, masked).
+// block sees, score_tile(), then f(j0, n, masked, next), where `next` holds the lines of
+// the next block's K and V rows not yet prefetched (f's tile products may prefetch them;
+// what is left is prefetched when f returns).
 template <class F>
 void for_each_key_block(const AttnParams& p, const QTiles& w, const QBlock& q, F f) {
   const int lq = q.sb.len_q, lk = q.sb.len_k;
@@ -508,7 +508,13 @@ void for_each_key_block(const AttnParams& p, const QTiles& w, const QBlock& q, F
   const int je = p.mask.block_key_end(q.i0, q.i0 + q.m, lq, lk);
   for (int j0 = jb; j0 < je; j0 += kBlockN) {
     const int n = std::min(kBlockN, je - j0);
-    f(j0, n, score_tile(p, w, q, j0, n, je));
+    const int n_next = std::min(kBlockN, je - j0 - n);
+    Prefetcher next;
+    prefetch_rows(next, p.k, p.dtype, k_row(p, q, j0 + n), p.k_row_stride, n_next, p.head_dim);
+    prefetch_rows(next, p.v, p.dtype, v_row(p, q, j0 + n), p.v_row_stride, n_next, p.head_dim_v);
+    const bool masked = score_tile(p, w, q, j0, n, next);
+    f(j0, n, masked, next);
+    next.finish();
   }
 }
 

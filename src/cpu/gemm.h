@@ -7,6 +7,7 @@
 // holds a non-finite value (docs/DESIGN.md: a masked key's values never reach a row).
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -23,6 +24,53 @@ namespace flashlab::cpu::FLASHLAB_CPU_ISA {
 constexpr int kMicroRows = 6;   // rows of C a micro-kernel keeps in registers
 constexpr int kMicroCols = 16;  // columns of C a micro-kernel keeps in registers (2 AVX vectors)
 static_assert(kMicroRows == 6, "gemm()'s remainder switch covers 1..kMicroRows-1 rows");
+
+// ---- prefetching -------------------------------------------------------------------------
+
+// The cache lines of up to three row sets (`rows` rows of `bytes` bytes each, `stride` bytes
+// apart: the next K/V block, or the next Q/dO/O rows) to be brought into cache while a tile
+// product runs, a few lines per micro-kernel call. Rows of [B, S, H, D] tensors are a page
+// or more apart, which the hardware prefetcher does not follow, and a block's lines
+// (64 rows of 512 bytes each of K and V: 1024 lines) issued all at once are more misses
+// than a core keeps in flight, so the copy that reads them next waits on memory.
+class Prefetcher {
+ public:
+  void add(const void* first, int64_t stride, int rows, int64_t bytes) {
+    if (rows <= 0 || bytes <= 0 || count_ == kMaxRegions) return;
+    const int lines = int((bytes + kLine - 1) / kLine);
+    regions_[count_++] = {static_cast<const char*>(first), stride, rows, lines};
+    left_ += rows * lines;
+  }
+  int left() const { return left_; }
+  // Prefetches the next `lines` lines (fewer when fewer are left).
+  void issue(int lines) {
+    for (; lines > 0 && left_ > 0; --lines, --left_) {
+      const Region& r = regions_[region_];
+      const char* line = r.first + row_ * r.stride + line_ * kLine;
+      if (line_ == 0)
+        (void)*static_cast<const volatile char*>(line);  // a load: it maps the row's page
+      else
+        __builtin_prefetch(line);
+      if (++line_ < r.lines) continue;
+      line_ = 0;
+      if (++row_ < r.rows) continue;
+      row_ = 0;
+      ++region_;
+    }
+  }
+  void finish() { issue(left_); }
+
+ private:
+  static constexpr int kMaxRegions = 3;
+  static constexpr int kLine = 64;
+  struct Region {
+    const char* first;
+    int64_t stride;
+    int rows, lines;
+  };
+  Region regions_[kMaxRegions] = {};
+  int count_ = 0, left_ = 0, region_ = 0, row_ = 0, line_ = 0;
+};
 
 // ---- GEMM micro-kernel ------------------------------------------------------------------
 
@@ -56,17 +104,26 @@ inline void micro_kernel(const float* __restrict A, int64_t lda, const float* __
 
 // C[rows][cols] (+)= A[rows][K] · B[K][cols], cols a multiple of kMicroCols. Column chunks
 // outside, row groups inside: one chunk of B ([K, kMicroCols], <= 32 KiB) stays in L1
-// while every row group of A streams past it.
+// while every row group of A streams past it. With `pf`, `pf_lines` of its lines are
+// prefetched along the way, spread evenly over the micro-kernel calls.
 template <bool kAccumulate, bool kATrans>
 inline void gemm(int rows, int cols, int K, const float* A, int64_t lda, const float* B, int64_t ldb,
-          float* C, int64_t ldc) {
+          float* C, int64_t ldc, Prefetcher* pf = nullptr, int pf_lines = 0) {
   auto a_rows = [&](int r) { return kATrans ? A + r : A + r * lda; };
+  const int calls = (rows + kMicroRows - 1) / kMicroRows * (cols / kMicroCols);
+  const int per_call = pf && calls > 0 ? (pf_lines + calls - 1) / calls : 0;
+  int budget = pf ? pf_lines : 0;
   for (int c0 = 0; c0 < cols; c0 += kMicroCols) {
     const float* Bc = B + c0;
     float* Cc = C + c0;
     int r = 0;
-    for (; r + kMicroRows <= rows; r += kMicroRows)
+    for (; r + kMicroRows <= rows; r += kMicroRows) {
+      if (budget > 0) {
+        pf->issue(std::min(per_call, budget));
+        budget -= per_call;
+      }
       micro_kernel<kMicroRows, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K);
+    }
     switch (rows - r) {
       case 5: micro_kernel<5, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K); break;
       case 4: micro_kernel<4, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K); break;

@@ -27,32 +27,31 @@ static_assert(kMicroRows == 6, "gemm()'s remainder switch covers 1..kMicroRows-1
 
 // ---- prefetching -------------------------------------------------------------------------
 
-// The cache lines of up to three row sets (`rows` rows of `bytes` bytes each, `stride` bytes
-// apart: the next K/V block, or the next Q/dO/O rows) to be brought into cache while a tile
-// product runs, a few lines per micro-kernel call. Rows of [B, S, H, D] tensors are a page
-// or more apart, which the hardware prefetcher does not follow, and a block's lines
-// (64 rows of 512 bytes each of K and V: 1024 lines) issued all at once are more misses
-// than a core keeps in flight, so the copy that reads them next waits on memory.
+// Up to three row sets (`rows` rows of `bytes` bytes each, `stride` bytes apart: the next
+// K/V block, or the next Q/dO/O rows) to be brought into cache while the tile products run,
+// a row or two per micro-kernel call. Rows of [B, S, H, D] tensors are a page or more
+// apart, which the hardware prefetcher does not follow, and a block's lines issued all at
+// once (64 rows of 512 bytes each of K and V: 1024 lines) are more misses than a core keeps
+// in flight, so the copy that reads them next waited on memory. Each row's first line is
+// a load, which maps its page (a prefetch that misses the TLB does little); the rest are
+// prefetches.
 class Prefetcher {
  public:
   void add(const void* first, int64_t stride, int rows, int64_t bytes) {
     if (rows <= 0 || bytes <= 0 || count_ == kMaxRegions) return;
     const int lines = int((bytes + kLine - 1) / kLine);
     regions_[count_++] = {static_cast<const char*>(first), stride, rows, lines};
-    left_ += rows * lines;
+    left_ += rows;
   }
+  // Rows not yet requested.
   int left() const { return left_; }
-  // Prefetches the next `lines` lines (fewer when fewer are left).
-  void issue(int lines) {
-    for (; lines > 0 && left_ > 0; --lines, --left_) {
+  // Requests the next `rows` rows (fewer when fewer are left).
+  void issue(int rows) {
+    for (; rows > 0 && left_ > 0; --rows, --left_) {
       const Region& r = regions_[region_];
-      const char* line = r.first + row_ * r.stride + line_ * kLine;
-      if (line_ == 0)
-        (void)*static_cast<const volatile char*>(line);  // a load: it maps the row's page
-      else
-        __builtin_prefetch(line);
-      if (++line_ < r.lines) continue;
-      line_ = 0;
+      const char* row = r.first + row_ * r.stride;
+      (void)*static_cast<const volatile char*>(row);
+      for (int l = 1; l < r.lines; ++l) __builtin_prefetch(row + l * kLine);
       if (++row_ < r.rows) continue;
       row_ = 0;
       ++region_;
@@ -69,7 +68,7 @@ class Prefetcher {
     int rows, lines;
   };
   Region regions_[kMaxRegions] = {};
-  int count_ = 0, left_ = 0, region_ = 0, row_ = 0, line_ = 0;
+  int count_ = 0, left_ = 0, region_ = 0, row_ = 0;
 };
 
 // ---- GEMM micro-kernel ------------------------------------------------------------------
@@ -79,14 +78,17 @@ class Prefetcher {
 // P and dS are when they come from a Sᵀ tile). The R × kMicroCols accumulators stay in
 // registers over the whole k loop; each k step is R broadcasts of A, one row chunk of B
 // and R·kMicroCols/8 FMAs, vectorized over the contiguous columns of B.
+// With kAccumulate, row r of C is first multiplied by c_scale[r] (1 without c_scale).
 template <int R, bool kAccumulate, bool kATrans>
 inline void micro_kernel(const float* __restrict A, int64_t lda, const float* __restrict B,
-                         int64_t ldb, float* __restrict C, int64_t ldc, int K) {
+                         int64_t ldb, float* __restrict C, int64_t ldc, int K, const float* c_scale) {
   float acc[R][kMicroCols];  // [R, kMicroCols] block of C
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
+    const float s = c_scale ? c_scale[r] : 1.f;
 #pragma omp simd
-    for (int c = 0; c < kMicroCols; ++c) acc[r][c] = kAccumulate ? C[r * ldc + c] : 0.f;
+    for (int c = 0; c < kMicroCols; ++c) acc[r][c] = kAccumulate ? C[r * ldc + c] * s : 0.f;
+  }
   for (int k = 0; k < K; ++k) {
     const float* b = B + k * ldb;
 #pragma GCC unroll 8
@@ -102,34 +104,46 @@ inline void micro_kernel(const float* __restrict A, int64_t lda, const float* __
     for (int c = 0; c < kMicroCols; ++c) C[r * ldc + c] = acc[r][c];
 }
 
+// What a gemm() does besides the product: request `pf_rows` rows of `pf`, spread evenly
+// over its micro-kernel calls, and (accumulating) scale row r of C by c_scale[r] first,
+// which is how the forward rescales O when the running max grows.
+struct GemmExtras {
+  Prefetcher* pf = nullptr;
+  int pf_rows = 0;
+  const float* c_scale = nullptr;
+};
+
 // C[rows][cols] (+)= A[rows][K] · B[K][cols], cols a multiple of kMicroCols. Column chunks
 // outside, row groups inside: one chunk of B ([K, kMicroCols], <= 32 KiB) stays in L1
-// while every row group of A streams past it. With `pf`, `pf_lines` of its lines are
-// prefetched along the way, spread evenly over the micro-kernel calls.
+// while every row group of A streams past it.
 template <bool kAccumulate, bool kATrans>
 inline void gemm(int rows, int cols, int K, const float* A, int64_t lda, const float* B, int64_t ldb,
-          float* C, int64_t ldc, Prefetcher* pf = nullptr, int pf_lines = 0) {
+          float* C, int64_t ldc, GemmExtras x = {}) {
   auto a_rows = [&](int r) { return kATrans ? A + r : A + r * lda; };
+  auto scale = [&](int r) { return x.c_scale ? x.c_scale + r : nullptr; };
   const int calls = (rows + kMicroRows - 1) / kMicroRows * (cols / kMicroCols);
-  const int per_call = pf && calls > 0 ? (pf_lines + calls - 1) / calls : 0;
-  int budget = pf ? pf_lines : 0;
+  const int per_call = x.pf && calls > 0 ? (x.pf_rows + calls - 1) / calls : 0;
+  int budget = x.pf ? x.pf_rows : 0;
   for (int c0 = 0; c0 < cols; c0 += kMicroCols) {
     const float* Bc = B + c0;
     float* Cc = C + c0;
     int r = 0;
     for (; r + kMicroRows <= rows; r += kMicroRows) {
       if (budget > 0) {
-        pf->issue(std::min(per_call, budget));
+        x.pf->issue(std::min(per_call, budget));
         budget -= per_call;
       }
-      micro_kernel<kMicroRows, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K);
+      micro_kernel<kMicroRows, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K, scale(r));
     }
     switch (rows - r) {
-      case 5: micro_kernel<5, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K); break;
-      case 4: micro_kernel<4, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K); break;
-      case 3: micro_kernel<3, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K); break;
-      case 2: micro_kernel<2, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K); break;
-      case 1: micro_kernel<1, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K); break;
+#define FLASHLAB_REMAINDER(R)                                                                    \
+  case R: micro_kernel<R, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K, scale(r)); break;
+      FLASHLAB_REMAINDER(5)
+      FLASHLAB_REMAINDER(4)
+      FLASHLAB_REMAINDER(3)
+      FLASHLAB_REMAINDER(2)
+      FLASHLAB_REMAINDER(1)
+#undef FLASHLAB_REMAINDER
       default: break;
     }
   }

@@ -26,6 +26,15 @@ if("90a" IN_LIST FLASHLAB_CUDA_ARCHS AND FLASHLAB_SM90_FWD_HEAD_DIMS)
     endforeach()
   endforeach()
 
+  # The backward (cute_fa3's backward pass): head dim 128 so far.
+  if(128 IN_LIST FLASHLAB_HEAD_DIMS)
+    list(APPEND FLASHLAB_SM90_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/bwd_dispatch.cu
+      ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/instantiations/bwd_hdim128_fp16.cu
+      ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/instantiations/bwd_hdim128_bf16.cu)
+    set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/fwd_dispatch.cu APPEND PROPERTY
+      COMPILE_DEFINITIONS FLASHLAB_SM90_BWD=1)
+  endif()
+
   # The schedule ablations (cute_fa3_no_pingpong, _no_overlap, _serial, _persistent):
   # bf16 head dim 128, built and registered (ablations.cu) only with FLASHLAB_ABLATIONS.
   if(FLASHLAB_ABLATIONS)
@@ -36,7 +45,8 @@ if("90a" IN_LIST FLASHLAB_CUDA_ARCHS AND FLASHLAB_SM90_FWD_HEAD_DIMS)
     endforeach()
   endif()
 
-  set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/fwd_dispatch.cu APPEND PROPERTY
+  set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/fwd_dispatch.cu
+    ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/bwd_dispatch.cu APPEND PROPERTY
     COMPILE_DEFINITIONS FLASHLAB_HEAD_DIMS_MASK=${FLASHLAB_HEAD_DIMS_MASK})
   add_library(flashlab_sm90 OBJECT ${FLASHLAB_SM90_SOURCES})
   target_include_directories(flashlab_sm90 PRIVATE

@@ -14,6 +14,7 @@
 #include "cuda/common.cuh"
 #include "cuda/head_dims.h"
 #include "cuda/refusals.h"
+#include "cuda/sm90/bwd_instance.h"
 #include "cuda/sm90/fwd_dispatch.h"
 
 namespace flashlab::sm90 {
@@ -134,10 +135,15 @@ Status run_instance(const FwdParams& p, const Instance& in) {
   return in.run(p);
 }
 
-// auto's GPU forward on sm90: above cute_fa2 (40)
+// auto's GPU forward on sm90: above cute_fa2 (40); and its backward where built
+// (bwd_dispatch.cu), where it supports the call.
 KernelEntry cute_fa3_entry() {
-  return {.info = {"cute_fa3", "sm90a", kSummary},
-          .auto_priority = 50, .supports_fwd = supports, .run_fwd = run};
+  KernelEntry e{.info = {"cute_fa3", "sm90a", kSummary}, .auto_priority = 50};
+  e.supports_fwd = supports, e.run_fwd = run;
+#if FLASHLAB_SM90_BWD
+  e.supports_bwd = supports_bwd, e.workspace_bwd = workspace_bwd, e.run_bwd = run_bwd;
+#endif
+  return e;
 }
 
 }  // namespace flashlab::sm90

@@ -1,0 +1,82 @@
+// cute_fa3's backward (sm_90a): supports(), the workspace size and run(), which the registry
+// entry in fwd_dispatch.cu points at. No CuTe here: the kernels are instantiated in
+// instantiations/bwd_hdim*_*.cu (bwd_kernel.cuh).
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "cuda/common.cuh"
+#include "cuda/head_dims.h"
+#include "cuda/refusals.h"
+#include "cuda/sm90/bwd_instance.h"
+
+namespace flashlab::sm90 {
+namespace {
+
+struct BwdEntries {
+  Status (*run)(const BwdParams&);
+  const void* (*kernel)();
+  int (*smem_bytes)();
+  size_t (*workspace_bytes)(const BwdParams&);
+};
+
+template <DType kDtype>
+constexpr BwdEntries entries() {
+  using I = BwdInstance<kDtype, 128>;
+  return {&I::run, &I::kernel, &I::smem_bytes, &I::workspace_bytes};
+}
+
+BwdEntries entries_for(const BwdParams& p) {
+  if constexpr (cuda::head_dim_built(128))
+    return p.dtype == DType::kF16 ? entries<DType::kF16>() : entries<DType::kBF16>();
+  else
+    return {};
+}
+
+constexpr int kHeadDims[] = {128};
+
+}  // namespace
+
+std::string supports_bwd(const BwdParams& p) {
+  FL_REFUSE_IF(cuda::refuse_placement(p, cuda::Inputs::kHalf, "the wgmma path"));
+  FL_REFUSE_IF(cuda::refuse_unequal_head_dims(p));
+  FL_REFUSE_IF(cuda::refuse_head_dim(p.head_dim, kHeadDims, "128 (the Hopper backward so far)"));
+  FL_REFUSE_IF(cuda::refuse_grid_heads_batch(p));
+  if (p.mask.is_local()) return "causal and window masks are not supported yet by the Hopper backward";
+  if (p.mask.softcap > 0.f) return "softcap is not supported yet by the Hopper backward";
+  if (p.varlen) return "varlen (cu_seqlens) is not supported yet by the Hopper backward";
+  if (p.group != 1) return "GQA/MQA (heads_q != heads_kv) is not supported yet by the Hopper backward";
+  if (p.deterministic) return "the deterministic mode is not supported yet by the Hopper backward";
+  const int64_t es = 2;  // fp16 or bf16
+  auto tma_ok = [&](const void* ptr, int64_t row, int64_t head, int64_t batch) {
+    auto ok = [&](int64_t s) { return s * es > 0 && s * es % 16 == 0 && s * es < (int64_t(1) << 40); };
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && ok(row) && (p.heads_q == 1 || ok(head)) &&
+           (p.batch == 1 || ok(batch));
+  };
+  if (!tma_ok(p.q, p.q_row_stride, p.q_head_stride, p.q_batch_stride) ||
+      !tma_ok(p.k, p.k_row_stride, p.k_head_stride, p.k_batch_stride) ||
+      !tma_ok(p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride) ||
+      !tma_ok(p.dout, p.do_row_stride, p.do_head_stride, p.do_batch_stride))
+    return "q, k, v and dout need 16-byte aligned pointers and strides (TMA tensor maps)";
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device_index) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, p.device_index) != cudaSuccess) {
+    cudaGetLastError();
+    return "cannot query CUDA device " + std::to_string(p.device_index);
+  }
+  if (major != 9 || minor != 0) return "needs compute capability 9.0 (sm_90a)";
+  const BwdEntries in = entries_for(p);
+  return cuda::device_supports(p.device_index, in.smem_bytes(), in.kernel());
+}
+
+size_t workspace_bwd(const BwdParams& p) { return entries_for(p).workspace_bytes(p); }
+
+Status run_bwd(const BwdParams& p) {
+  if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
+    return {StatusCode::kInvalidArgument,
+            "cute_fa3's backward needs a 16-byte aligned workspace (fp32 accumulators)"};
+  cuda::DeviceGuard guard(p.device_index);
+  return entries_for(p).run(p);
+}
+
+}  // namespace flashlab::sm90

@@ -1,0 +1,313 @@
+// The Hopper backward kernel (`cute_fa3`'s backward, sm_90a) and its launch: preprocess,
+// main kernel, postprocess (bwd_rows.cuh), on the caller's stream.
+//
+// One CTA per (key block of 128 keys, head, batch entry): warpgroup 0's first thread loads
+// K and V once (one mbarrier) and then, per query block, Q and dO through two TMA rings;
+// warpgroups 1 and 2 each own 64 of the keys and, per query block, run the five MMAs of
+// bwd_traits.h, keeping dK and dV in registers until the end. dQ's partial sums go to the
+// fp32 accumulator with atomic adds, the postprocess scales and rounds it.
+//
+// What this first version leaves out, and refuses (bwd_dispatch.cu): head dims other than
+// 128, causal and window masks, softcap, GQA, varlen, the deterministic mode, dropout.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "common/params.h"
+#include "cuda/common.cuh"
+#include "cuda/sm90/bwd_instance.h"
+#include "cuda/sm90/bwd_rows.cuh"
+#include "cuda/sm90/bwd_traits.h"
+#include "cuda/sm90/fwd_mainloop.cuh"  // warpgroup_gemm_issue, acc_as_a_operand, round_to
+
+namespace flashlab::sm90 {
+
+using namespace cute;
+
+template <class Tr>
+struct BwdKernelParams {
+  BwdParams p;
+  typename Tr::TmaQ tma_q;
+  typename Tr::TmaQ tma_do;
+  typename Tr::TmaKV tma_k;
+  typename Tr::TmaKV tma_v;
+  BwdRows ws;
+};
+
+// ---- producer: one thread of warpgroup 0 ---------------------------------------------------
+template <class Tr>
+__device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
+                                         typename Tr::PipelineQ& pipeline_q,
+                                         typename Tr::PipelineQ& pipeline_do, int m_blocks) {
+  using BlkM = typename Tr::BlkM;
+  using BlkN = typename Tr::BlkN;
+  using HeadDim = typename Tr::HeadDim;
+  const BwdParams& p = kp.p;
+  const int n_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int D = Tr::kHeadDim;
+  Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(p.seqlen_q, D, p.heads_q, p.batch));
+  Tensor mDo = kp.tma_do.get_tma_tensor(make_shape(p.seqlen_q, D, p.heads_q, p.batch));
+  Tensor mK = kp.tma_k.get_tma_tensor(make_shape(p.seqlen_k, D, p.heads_kv, p.batch));
+  Tensor mV = kp.tma_v.get_tma_tensor(make_shape(p.seqlen_k, D, p.heads_kv, p.batch));
+  Tensor gQ = local_tile(mQ(_, _, h, b), Shape<BlkM, HeadDim>{}, make_coord(_, _0{}));    // (BLK_M, D, m)
+  Tensor gDo = local_tile(mDo(_, _, h, b), Shape<BlkM, HeadDim>{}, make_coord(_, _0{}));  // (BLK_M, D, m)
+  Tensor gK = local_tile(mK(_, _, h, b), Shape<BlkN, HeadDim>{}, make_coord(n_block, _0{}));  // (BLK_N, D)
+  Tensor gV = local_tile(mV(_, _, h, b), Shape<BlkN, HeadDim>{}, make_coord(n_block, _0{}));  // (BLK_N, D)
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});      // (BLK_M, D, STAGES)
+  Tensor sDo = make_tensor(make_smem_ptr(ss.dout.data()), typename Tr::SmemLayoutDo{});  // (BLK_M, D, STAGES)
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutK{});      // (BLK_N, D)
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Tr::SmemLayoutV{});      // (BLK_N, D)
+  auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                    group_modes<0, 2>(gQ));  // (TMA, m), (TMA, STAGES)
+  auto [tDogDo, tDosDo] = tma_partition(kp.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sDo),
+                                        group_modes<0, 2>(gDo));  // (TMA, m), (TMA, STAGES)
+  auto [tKgK, tKsK] = tma_partition(kp.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                    group_modes<0, 2>(gK));  // (TMA), (TMA)
+  auto [tVgV, tVsV] = tma_partition(kp.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                    group_modes<0, 2>(gV));  // (TMA), (TMA)
+
+  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.barrier_kv, 2 * Tr::kTmaBytesKV);
+  copy(kp.tma_k.with(ss.barrier_kv), tKgK, tKsK);
+  copy(kp.tma_v.with(ss.barrier_kv), tVgV, tVsV);
+  auto state_q = cutlass::make_producer_start_state<typename Tr::PipelineQ>();
+  auto state_do = state_q;
+  for (int m = 0; m < m_blocks; ++m) {
+    pipeline_q.producer_acquire(state_q);
+    copy(kp.tma_q.with(*pipeline_q.producer_get_barrier(state_q)), tQgQ(_, m), tQsQ(_, state_q.index()));
+    ++state_q;
+    pipeline_do.producer_acquire(state_do);
+    copy(kp.tma_do.with(*pipeline_do.producer_get_barrier(state_do)), tDogDo(_, m),
+         tDosDo(_, state_do.index()));
+    ++state_do;
+  }
+}
+
+// ---- consumers: warpgroups 1 and 2 ----------------------------------------------------------
+template <class Tr>
+__device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
+                                            typename Tr::PipelineQ& pipeline_q,
+                                            typename Tr::PipelineQ& pipeline_do, int m_blocks, int ctid) {
+  using Element = typename Tr::Element;
+  using BlkM = typename Tr::BlkM;
+  using BlkN = typename Tr::BlkN;
+  using HeadDim = typename Tr::HeadDim;
+  constexpr int kD = Tr::kHeadDim, kM = Tr::kBlockM, kN = Tr::kBlockN;
+  const BwdParams& p = kp.p;
+  const int n_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int len_k = p.seqlen_k;
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});       // (BLK_M, D, STAGES)
+  Tensor sDo = make_tensor(make_smem_ptr(ss.dout.data()), typename Tr::SmemLayoutDo{});  // (BLK_M, D, STAGES)
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutK{});       // (BLK_N, D)
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Tr::SmemLayoutV{});       // (BLK_N, D)
+  Tensor sDs = make_tensor(make_smem_ptr(ss.ds.data()), typename Tr::SmemLayoutDs{});    // (BLK_M, BLK_N, STAGES)
+  Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQt{});     // (D, BLK_M, STAGES)
+  Tensor sDot = make_tensor(make_smem_ptr(ss.dout.data()), typename Tr::SmemLayoutDot{});  // (D, BLK_M, STAGES)
+  Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutKt{});     // (D, BLK_N)
+  Tensor sDst = make_tensor(make_smem_ptr(ss.ds.data()), typename Tr::SmemLayoutDst{});  // (BLK_N, BLK_M, STAGES)
+
+  typename Tr::TiledMmaSdP mma_sdp;
+  typename Tr::TiledMmaDkv mma_dkv;
+  typename Tr::TiledMmaDq mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(ctid);
+  auto thr_dkv = mma_dkv.get_thread_slice(ctid);
+  auto thr_dq = mma_dq.get_thread_slice(ctid);
+  // Operands (shared-memory descriptors).
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);     // (MMA, MMA_N, MMA_D)
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);     // (MMA, MMA_N, MMA_D)
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (MMA, MMA_M, MMA_D, STAGES)
+  Tensor tSrDo = thr_sdp.partition_fragment_B(sDo);   // (MMA, MMA_M, MMA_D, STAGES)
+  Tensor tDkvrQt = thr_dkv.partition_fragment_B(sQt);    // (MMA, MMA_D, MMA_M, STAGES)
+  Tensor tDkvrDot = thr_dkv.partition_fragment_B(sDot);  // (MMA, MMA_D, MMA_M, STAGES)
+  Tensor tDqrDs = thr_dq.partition_fragment_A(sDs);      // (MMA, MMA_M, MMA_N, STAGES)
+  Tensor tDqrKt = thr_dq.partition_fragment_B(sKt);      // (MMA, MMA_D, MMA_N)
+  // Where this thread's values of Sᵀ sit: (key, query) in the (BLK_N, BLK_M) tile, and in dSᵀ's
+  // shared-memory view.
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<BlkN, BlkM>{}));  // (MMA, MMA_N, MMA_M)
+  Tensor tDqcDq = thr_dq.partition_C(make_identity_tensor(Shape<BlkM, HeadDim>{}));  // (MMA, MMA_M, MMA_D)
+  Tensor tDkvcDkv = thr_dkv.partition_C(make_identity_tensor(Shape<BlkN, HeadDim>{}));  // (MMA, MMA_N, MMA_D)
+
+  Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<BlkN, HeadDim>{});  // (MMA, MMA_N, MMA_D)
+  Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<BlkN, HeadDim>{});
+  clear(acc_dk);
+  clear(acc_dv);
+
+  const float scale_log2 = p.scale_log2;
+  const int64_t row0 = kp.ws.row(p, b, h);
+  typename Tr::PipelineState state_q, state_do;  // stage 0, phase 0
+  if (m_blocks > 0) cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_kv, 0);
+  for (int m = 0; m < m_blocks; ++m) {
+    const int st = state_q.index();  // the Q and dO rings advance together
+    const int ds_st = m % Tr::kStages;
+    Tensor acc_s = partition_fragment_C(mma_sdp, Shape<BlkN, BlkM>{});   // (MMA, MMA_N, MMA_M): Sᵀ
+    Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<BlkN, BlkM>{});  // dPᵀ
+    pipeline_q.consumer_wait(state_q);
+    warpgroup_gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, st), acc_s);
+    pipeline_do.consumer_wait(state_do);
+    warpgroup_gemm_issue<true>(mma_sdp, tSrV, tSrDo(_, _, _, st), acc_dp);
+
+    // P = exp2(S·scale·log2 e − LSE·log2 e); keys past the sequence get 0, and so do rows
+    // past it (their LSE is +inf).
+    const float* lse_log2 = kp.ws.lse_log2 + row0 + int64_t(m) * kM;
+    const float* dsum = kp.ws.dsum + row0 + int64_t(m) * kM;
+    warpgroup_wait_for<1>(acc_s);
+    CUTE_UNROLL
+    for (int e = 0; e < size(acc_s); ++e) {
+      const int key = n_block * kN + get<0>(tScS(e));
+      const int q = get<1>(tScS(e));
+      acc_s(e) = key < len_k ? exp2f(acc_s(e) * scale_log2 - lse_log2[q]) : 0.f;
+    }
+    warpgroup_wait_for<0>(acc_dp);
+    // dS = P ∘ (dP − D) (the softmax scale is applied to dK and dQ at the end).
+    CUTE_UNROLL
+    for (int e = 0; e < size(acc_dp); ++e) acc_dp(e) = acc_s(e) * (acc_dp(e) - dsum[get<1>(tScS(e))]);
+    Tensor rP = round_to<Element>(acc_s);    // (MMA, MMA_N, MMA_M)
+    Tensor rDs = round_to<Element>(acc_dp);  // (MMA, MMA_N, MMA_M)
+
+    // dV += Pᵀ dO, Pᵀ from registers.
+    Tensor tPrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
+    warpgroup_gemm_issue<false>(mma_dkv, tPrP, tDkvrDot(_, _, _, st), acc_dv);
+
+    // dS to shared memory, where both warpgroups' dQ MMAs read all keys of it.
+    Tensor tDssDs = thr_sdp.partition_C(sDst(_, _, ds_st));  // (MMA, MMA_N, MMA_M)
+    CUTE_UNROLL
+    for (int e = 0; e < size(rDs); ++e) tDssDs(e) = rDs(e);
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(Tr::kNConsumerThreads, Tr::kDsBarrier);
+
+    // dQ = dS K (this warpgroup's half of the head dim), then dK += dSᵀ Q.
+    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
+    Tensor tDqrDs_st = tDqrDs(_, _, _, ds_st);  // (MMA, MMA_M, MMA_N)
+    warpgroup_gemm_issue<true>(mma_dq, tDqrDs_st, tDqrKt, acc_dq);
+    Tensor tDsrDs = make_tensor(rDs.data(), acc_as_a_operand(rDs.layout()));
+    warpgroup_gemm_issue<false>(mma_dkv, tDsrDs, tDkvrQt(_, _, _, st), acc_dk);
+
+    warpgroup_wait_for<1>(acc_dq);  // dV (the last reader of dO) and dQ are done
+    pipeline_do.consumer_release(state_do);
+    ++state_do;
+    float* dq = kp.ws.dq_accum + (row0 + int64_t(m) * kM) * kD;  // rows past the sequence: padding
+    CUTE_UNROLL
+    for (int e = 0; e < size(acc_dq); ++e)
+      atomicAdd(dq + get<0>(tDqcDq(e)) * kD + get<1>(tDqcDq(e)), acc_dq(e));
+    warpgroup_wait_for<0>(acc_dk);  // dK (the last reader of Q) is done
+    pipeline_q.consumer_release(state_q);
+    ++state_q;
+  }
+
+  // ---- epilogue: dK = scale · Σ dSᵀ Q, dV; rows past the sequence are not written ----
+  Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + h * p.dk_head_stride;
+  Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + h * p.dv_head_stride;
+  CUTE_UNROLL
+  for (int e = 0; e < size(acc_dk); ++e) {
+    const int key = n_block * kN + get<0>(tDkvcDkv(e)), d = get<1>(tDkvcDkv(e));
+    if (key >= len_k) continue;
+    dk[int64_t(key) * p.dk_row_stride + d] = Element(acc_dk(e) * p.scale);
+    dv[int64_t(key) * p.dv_row_stride + d] = Element(acc_dv(e));
+  }
+}
+
+// ---- the kernel --------------------------------------------------------------------------
+// grid (ceil(seqlen_k / kBlockN), heads, batch), kNThreads threads, one CTA per SM.
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kNThreads, 1)
+    bwd_kernel(const __grid_constant__ BwdKernelParams<Tr> kp) {
+  using PipelineQ = typename Tr::PipelineQ;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  auto& ss = *reinterpret_cast<typename Tr::SharedStorage*>(smem);
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  const bool producer = warp_group == 0;
+  const int m_blocks = (kp.p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+
+  if (threadIdx.x == 0) cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
+  typename PipelineQ::Params pipe;
+  pipe.transaction_bytes = Tr::kTmaBytesQ;
+  pipe.role = producer ? PipelineQ::ThreadCategory::Producer : PipelineQ::ThreadCategory::Consumer;
+  pipe.is_leader = threadIdx.x == 0;
+  pipe.num_consumers = Tr::kNConsumerThreads;
+  PipelineQ pipeline_q(ss.pipeline_q, pipe, Shape<_1, _1, _1>{});
+  PipelineQ pipeline_do(ss.pipeline_do, pipe, Shape<_1, _1, _1>{});
+  __syncthreads();
+
+  if (producer) {
+    cutlass::arch::warpgroup_reg_dealloc<Tr::kProducerRegs>();
+    if (threadIdx.x == 0 && m_blocks > 0) bwd_load<Tr>(kp, ss, pipeline_q, pipeline_do, m_blocks);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Tr::kConsumerRegs>();
+    bwd_consume<Tr>(kp, ss, pipeline_q, pipeline_do, m_blocks, int(threadIdx.x) - 128);
+  }
+}
+
+// ---- launch ------------------------------------------------------------------------------
+template <class Tr>
+Status launch_bwd(const BwdParams& p) {
+  using Element = typename Tr::Element;
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  const BwdRows ws = bwd_rows(p, Tr::kBlockM);
+  const dim3 rows_grid((ws.rows + 7) / 8, p.heads_q, p.batch);
+  if (ws.rows > 0) {
+    bwd_preprocess_kernel<Element, Tr::kHeadDim><<<rows_grid, 256, 0, stream>>>(p, ws);
+    FL_CUDA_CHECK_LAUNCH();
+  }
+  if (p.seqlen_k > 0) {
+    // With no query row no Q or dO copy is issued, but the maps must still be valid ones:
+    // they then describe K's memory.
+    auto tensor = [&](const void* ptr, int rows, int64_t row_stride, int heads, int64_t head_stride,
+                      int64_t batch_stride) {
+      constexpr int64_t k16 = 16 / int64_t(sizeof(Element));
+      auto fix = [](int extent, int64_t stride) { return extent == 1 ? k16 : stride; };
+      return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
+                         make_layout(make_shape(rows, int(Tr::kHeadDim), heads, p.batch),
+                                     make_stride(fix(rows, row_stride), _1{}, fix(heads, head_stride),
+                                                 fix(p.batch, batch_stride))));
+    };
+    auto k = tensor(p.k, p.seqlen_k, p.k_row_stride, p.heads_kv, p.k_head_stride, p.k_batch_stride);
+    auto v = tensor(p.v, p.seqlen_k, p.v_row_stride, p.heads_kv, p.v_head_stride, p.v_batch_stride);
+    const bool no_q = p.seqlen_q == 0;
+    auto q = no_q ? k : tensor(p.q, p.seqlen_q, p.q_row_stride, p.heads_q, p.q_head_stride, p.q_batch_stride);
+    auto dout = no_q ? k
+                     : tensor(p.dout, p.seqlen_q, p.do_row_stride, p.heads_q, p.do_head_stride,
+                              p.do_batch_stride);
+    const BwdKernelParams<Tr> kp{p,
+                                 make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Tr::SmemLayoutQ{})),
+                                 make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename Tr::SmemLayoutDo{})),
+                                 make_tma_copy(SM90_TMA_LOAD{}, k, typename Tr::SmemLayoutK{}),
+                                 make_tma_copy(SM90_TMA_LOAD{}, v, typename Tr::SmemLayoutV{}),
+                                 ws};
+    const auto kernel = bwd_kernel<Tr>;
+    FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Tr::kSmemBytes));
+    const dim3 grid((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.heads_q, p.batch);
+    kernel<<<grid, Tr::kNThreads, Tr::kSmemBytes, stream>>>(kp);
+    FL_CUDA_CHECK_LAUNCH();
+  }
+  if (p.seqlen_q > 0) {
+    bwd_postprocess_kernel<Element, Tr::kHeadDim>
+        <<<dim3((p.seqlen_q + 7) / 8, p.heads_q, p.batch), 256, 0, stream>>>(p, ws);
+    FL_CUDA_CHECK_LAUNCH();
+  }
+  return {};
+}
+
+template <DType kDtype, int kHeadDim>
+Status BwdInstance<kDtype, kHeadDim>::run(const BwdParams& p) {
+  return launch_bwd<typename BwdConfig<kDtype, kHeadDim>::Traits>(p);
+}
+template <DType kDtype, int kHeadDim>
+const void* BwdInstance<kDtype, kHeadDim>::kernel() {
+  return reinterpret_cast<const void*>(bwd_kernel<typename BwdConfig<kDtype, kHeadDim>::Traits>);
+}
+template <DType kDtype, int kHeadDim>
+int BwdInstance<kDtype, kHeadDim>::smem_bytes() {
+  return BwdConfig<kDtype, kHeadDim>::Traits::kSmemBytes;
+}
+template <DType kDtype, int kHeadDim>
+size_t BwdInstance<kDtype, kHeadDim>::workspace_bytes(const BwdParams& p) {
+  return bwd_rows_layout(p, BwdConfig<kDtype, kHeadDim>::Traits::kBlockM).total;
+}
+
+}  // namespace flashlab::sm90

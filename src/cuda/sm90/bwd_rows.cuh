@@ -1,0 +1,100 @@
+// The Hopper backward's per-row work around the main kernel, and the workspace it lives in:
+//   preprocess   D = rowsum(dO ∘ O) and LSE·log2 e per query row, the dQ accumulator cleared
+//   postprocess  dQ = softmax_scale · the fp32 accumulator, rounded to the input type
+// Both are SIMT kernels, one warp per row: they read O, dO and write dQ once, a few percent
+// of the main kernel's bytes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/constants.h"
+#include "common/params.h"
+
+namespace flashlab::sm90 {
+
+// Row i of (batch b, head h) is row (b·heads_q + h)·rows + i of each array, rows = seqlen_q
+// rounded up to whole query blocks, so that the main kernel's last block needs no guard.
+//   dq_accum [batch, heads_q, rows, D] fp32   dQ before the scale, summed over key blocks
+//   dsum     [batch, heads_q, rows]   fp32    D_i = rowsum(dO ∘ O); 0 past seqlen_q
+//   lse_log2 [batch, heads_q, rows]   fp32    LSE·log2 e; +inf past seqlen_q and for a row
+//                                             that saw no key, so that its P is 0
+struct BwdRows {
+  float* dq_accum;
+  float* dsum;
+  float* lse_log2;
+  int rows;
+
+  __host__ __device__ int64_t row(const BwdParams& p, int b, int h) const {
+    return (int64_t(b) * p.heads_q + h) * rows;
+  }
+};
+
+// Byte offsets in the caller's workspace, each array on its own 256 bytes.
+struct BwdRowsLayout {
+  size_t dq_accum = 0, dsum = 0, lse_log2 = 0, total = 0;
+};
+
+inline BwdRowsLayout bwd_rows_layout(const BwdParams& p, int block_m) {
+  constexpr size_t kAlign = 256;
+  auto aligned = [](size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
+  const size_t rows = (size_t(p.seqlen_q) + block_m - 1) / block_m * block_m;
+  const size_t all_rows = size_t(p.batch) * size_t(p.heads_q) * rows;
+  BwdRowsLayout l;
+  l.dsum = aligned(all_rows * size_t(p.head_dim) * sizeof(float));
+  l.lse_log2 = l.dsum + aligned(all_rows * sizeof(float));
+  l.total = l.lse_log2 + aligned(all_rows * sizeof(float));
+  return l;
+}
+
+inline BwdRows bwd_rows(const BwdParams& p, int block_m) {
+  const BwdRowsLayout l = bwd_rows_layout(p, block_m);
+  char* base = static_cast<char*>(p.workspace);
+  return {reinterpret_cast<float*>(base + l.dq_accum), reinterpret_cast<float*>(base + l.dsum),
+          reinterpret_cast<float*>(base + l.lse_log2),
+          int((int64_t(p.seqlen_q) + block_m - 1) / block_m * block_m)};
+}
+
+// grid (ceil(rows / 8), heads_q, batch), 256 threads: warp w takes row 8·blockIdx.x + w.
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const __grid_constant__ BwdParams p,
+                                                             BwdRows ws) {
+  const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
+  const int i = blockIdx.x * 8 + threadIdx.x / 32;
+  if (i >= ws.rows) return;
+  const int64_t r = ws.row(p, b, h) + i;
+  float* dq = ws.dq_accum + r * kHeadDim;
+  for (int d = lane; d < kHeadDim; d += 32) dq[d] = 0.f;
+  float dsum = 0.f;
+  if (i < p.seqlen_q) {
+    const Element* o = static_cast<const Element*>(p.out) + b * p.o_batch_stride +
+                       int64_t(i) * p.o_row_stride + h * p.o_head_stride;
+    const Element* dout = static_cast<const Element*>(p.dout) + b * p.do_batch_stride +
+                          int64_t(i) * p.do_row_stride + h * p.do_head_stride;
+    for (int d = lane; d < kHeadDim; d += 32) dsum += float(o[d]) * float(dout[d]);
+  }
+  for (int s = 16; s > 0; s /= 2) dsum += __shfl_xor_sync(0xffffffffu, dsum, s);
+  if (lane == 0) {
+    ws.dsum[r] = dsum;
+    const float lse =
+        i < p.seqlen_q ? p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] : -INFINITY;
+    ws.lse_log2[r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+  }
+}
+
+// grid (ceil(seqlen_q / 8), heads_q, batch), 256 threads: dQ row i = scale · accumulator row.
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(256) bwd_postprocess_kernel(const __grid_constant__ BwdParams p,
+                                                              BwdRows ws) {
+  const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
+  const int i = blockIdx.x * 8 + threadIdx.x / 32;
+  if (i >= p.seqlen_q) return;
+  const float* acc = ws.dq_accum + (ws.row(p, b, h) + i) * kHeadDim;
+  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + int64_t(i) * p.dq_row_stride +
+                h * p.dq_head_stride;
+  for (int d = lane; d < kHeadDim; d += 32) dq[d] = Element(acc[d] * p.scale);
+}
+
+}  // namespace flashlab::sm90

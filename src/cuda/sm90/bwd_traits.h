@@ -1,0 +1,138 @@
+// Every compile-time choice of the Hopper backward (`cute_fa3`'s backward, sm_90a) in one
+// struct: roles and registers, tile sizes, the five warpgroup MMAs, the shared-memory
+// layouts (and the transposed views the MMAs read them through), the TMA copies, the
+// pipelines and the shared storage. The layers (bwd_rows.cuh, bwd_kernel.cuh) only compose
+// what is named here.
+//
+// The design is FlashAttention-3's: a CTA owns kBlockN keys of one (batch, head), holds K
+// and V in shared memory, and walks the query blocks of kBlockM rows. Per query block:
+//   Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (keys on the wgmma M side, so each consumer warpgroup owns 64
+//   whole keys), P and dS recomputed in registers from LSE and D = rowsum(dO ∘ O),
+//   dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ straight from those registers (the
+//   accumulator of Sᵀ is the A operand of dV's MMA, value for value), dS through shared
+//   memory to dQ = dS K (a warpgroup's dQ columns need the other warpgroup's keys), added
+//   into an fp32 accumulator in global memory.
+//
+// Shapes are written (rows, cols) with the contiguous dimension last, as in global memory.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include <cstdint>
+
+#include "cuda/cute_common.cuh"
+#include "flashlab/flashlab.h"
+
+namespace flashlab::sm90 {
+
+using namespace cute;
+using cute::Tensor;
+
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_>
+struct BwdTraits {
+  using Element = Element_;
+  static_assert(sizeof(Element) == 2, "the wgmma path here takes 16-bit inputs");
+
+  // ---- roles: warpgroup 0 loads (one thread), warpgroups 1 and 2 compute ------------------
+  static constexpr int kNConsumerWarpgroups = 2;
+  static constexpr int kNConsumerThreads = 128 * kNConsumerWarpgroups;
+  static constexpr int kNThreads = 128 + kNConsumerThreads;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  // Named barrier (CUTLASS adds its reserved ids): both consumers' dS are in shared memory.
+  static constexpr int kDsBarrier = 0;
+
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // query rows per step
+  static constexpr int kBlockN = kBlockN_;  // keys per CTA: 64 per consumer warpgroup
+  static constexpr int kStages = 2;         // Q and dO tiles in flight; dS buffers
+  static_assert(kBlockN == 64 * kNConsumerWarpgroups, "each consumer owns 64 keys");
+  static_assert(kBlockM % 16 == 0 && kBlockM <= 256, "queries are the wgmma N of S and dP");
+  static_assert(kHeadDim % 64 == 0, "rows are whole 128-byte swizzle lines");
+
+  using BlkM = Int<kBlockM>;
+  using BlkN = Int<kBlockN>;
+  using HeadDim = Int<kHeadDim>;
+  using Stages = Int<kStages>;
+  using HalfD = Int<kHeadDim / kNConsumerWarpgroups>;
+
+  // ---- the five MMAs -------------------------------------------------------------------
+  // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ: (keys, queries, D), both operands K-major in shared memory;
+  // warpgroup w computes keys [64w, 64w + 64).
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, BlkM, HeadDim>>(),
+      Layout<Shape<Int<kNConsumerWarpgroups>, _1, _1>>{}));
+  // dV += Pᵀ dO, dK += dSᵀ Q: (keys, D, queries); A from registers (Pᵀ, dSᵀ), B = dOᵀ, Qᵀ
+  // read MN-major from Q's and dO's bytes; warpgroup w owns its 64 keys' rows of dK, dV.
+  using TiledMmaDkv = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, HeadDim, BlkM>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<Int<kNConsumerWarpgroups>, _1, _1>>{}));
+  // dQ = dS K: (queries, D, keys); A = dS (K-major, keys contiguous), B = Kᵀ read MN-major
+  // from K's bytes; warpgroup w computes columns [w·D/2, (w + 1)·D/2) of dQ over all keys.
+  using TiledMmaDq = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<BlkM, HalfD, BlkN>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<_1, Int<kNConsumerWarpgroups>, _1>>{}));
+
+  // ---- shared memory --------------------------------------------------------------------
+  using SmemLayoutAtom = GMMA::Layout_K_SW128_Atom<Element>;  // (8, 64)
+  using SmemLayoutQ =
+      decltype(tile_to_shape(SmemLayoutAtom{}, Shape<BlkM, HeadDim, Stages>{}));  // (BLK_M, D, STAGES)
+  using SmemLayoutDo = SmemLayoutQ;
+  using SmemLayoutK = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<BlkN, HeadDim>{}));  // (BLK_N, D)
+  using SmemLayoutV = SmemLayoutK;
+  // dS (queries, keys), keys contiguous, one buffer per stage.
+  using SmemLayoutDs =
+      decltype(tile_to_shape(SmemLayoutAtom{}, Shape<BlkM, BlkN, Stages>{}));  // (BLK_M, BLK_N, STAGES)
+  // Transposed views over the same bytes (the MMAs that read an operand MN-major).
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_ordered_layout(Shape<HeadDim, BlkM, Stages>{}, Step<_2, _1, _3>{})));  // (D, BLK_M, STAGES)
+  using SmemLayoutDot = SmemLayoutQt;
+  using SmemLayoutKt = decltype(composition(
+      SmemLayoutK{}, make_ordered_layout(Shape<HeadDim, BlkN>{}, Step<_2, _1>{})));  // (D, BLK_N)
+  // dSᵀ (keys, queries) over dS's bytes: where a consumer writes its accumulator's values.
+  using SmemLayoutDst = decltype(composition(
+      SmemLayoutDs{}, make_ordered_layout(Shape<BlkN, BlkM, Stages>{}, Step<_2, _1, _3>{})));  // (BLK_N, BLK_M, STAGES)
+
+  // ---- TMA --------------------------------------------------------------------------------
+  // Global tensors as (rows, D, heads, batch), D contiguous.
+  using GmemLayout = Layout<Shape<int, int, int, int>, Stride<int64_t, _1, int64_t, int64_t>>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)),
+                                          GmemLayout{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
+                                      take<0, 2>(SmemLayoutQ{})));  // one (BLK_M, D) stage
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{}));
+  static constexpr uint32_t kTmaBytesQ = uint32_t(kBlockM * kHeadDim * sizeof(Element));
+  static constexpr uint32_t kTmaBytesKV = uint32_t(kBlockN * kHeadDim * sizeof(Element));
+
+  using PipelineQ = cutlass::PipelineTmaAsync<kStages>;  // Q tiles; the dO ring is alike
+  using PipelineState = typename PipelineQ::PipelineState;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cosize_v<SmemLayoutDo>, 1024> dout;
+    cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
+    cute::array_aligned<Element, cosize_v<SmemLayoutDs>, 1024> ds;
+    typename PipelineQ::SharedStorage pipeline_q;
+    typename PipelineQ::SharedStorage pipeline_do;
+    uint64_t barrier_kv;  // mbarrier: K and V have landed
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+};
+
+// The tile shapes per head dim: 64 query rows × 128 keys at head dim 128 (FlashAttention-3's
+// masked configuration), two consumer warpgroups of 64 keys each. Per consumer thread, fp32:
+// Sᵀ 32 + dPᵀ 32 + dK 64 + dV 64 + dQ 32, with P and dS rounded into 16 registers each.
+// Shared memory: Q 32 + dO 32 + K 32 + V 32 + dS 32 KiB.
+template <DType kDtype, int kHeadDim>
+struct BwdConfig {
+  static_assert(kHeadDim == 128, "the Hopper backward is built at head dim 128 only so far");
+  using Traits = BwdTraits<typename cuda::ElementFor<kDtype>::type, kHeadDim, 64, 128>;
+};
+
+}  // namespace flashlab::sm90

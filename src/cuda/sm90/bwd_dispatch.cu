@@ -42,10 +42,7 @@ std::string supports_bwd(const BwdParams& p) {
   FL_REFUSE_IF(cuda::refuse_unequal_head_dims(p));
   FL_REFUSE_IF(cuda::refuse_head_dim(p.head_dim, kHeadDims, "128 (the Hopper backward so far)"));
   FL_REFUSE_IF(cuda::refuse_grid_heads_batch(p));
-  if (p.mask.is_local()) return "causal and window masks are not supported yet by the Hopper backward";
-  if (p.mask.softcap > 0.f) return "softcap is not supported yet by the Hopper backward";
   if (p.varlen) return "varlen (cu_seqlens) is not supported yet by the Hopper backward";
-  if (p.group != 1) return "GQA/MQA (heads_q != heads_kv) is not supported yet by the Hopper backward";
   if (p.deterministic) return "the deterministic mode is not supported yet by the Hopper backward";
   const int64_t es = 2;  // fp16 or bf16
   auto tma_ok = [&](const void* ptr, int64_t row, int64_t head, int64_t batch) {

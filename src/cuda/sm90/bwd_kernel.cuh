@@ -1,14 +1,17 @@
 // The Hopper backward kernel (`cute_fa3`'s backward, sm_90a) and its launch: preprocess,
 // main kernel, postprocess (bwd_rows.cuh), on the caller's stream.
 //
-// One CTA per (key block of 128 keys, head, batch entry): warpgroup 0's first thread loads
-// K and V once (one mbarrier) and then, per query block, Q and dO through two TMA rings;
-// warpgroups 1 and 2 each own 64 of the keys and, per query block, run the five MMAs of
-// bwd_traits.h, keeping dK and dV in registers until the end. dQ's partial sums go to the
-// fp32 accumulator with atomic adds, the postprocess scales and rounds it.
+// One CTA per (key block of 128 keys, KV head, batch entry): warpgroup 0's first thread
+// loads K and V once (one mbarrier) and then, per step, Q and dO with their rows' LSE and D
+// through two TMA rings; warpgroups 1 and 2 each own 64 of the keys and, per step, run the
+// five MMAs of bwd_traits.h, keeping dK and dV in registers until the end. A step is one
+// query block of one query head of the KV head's group (GQA: the group's heads one after
+// another), and only the blocks whose rows see the CTA's keys (causal, windows). Each
+// step's dQ goes through shared memory to warpgroup 0's second warp, which adds it to the
+// fp32 accumulator with one bulk reduce-add; the postprocess scales and rounds it.
 //
-// What this first version leaves out, and refuses (bwd_dispatch.cu): head dims other than
-// 128, causal and window masks, softcap, GQA, varlen, the deterministic mode, dropout.
+// What this version leaves out, and refuses (bwd_dispatch.cu): head dims other than 128,
+// varlen, the deterministic mode, dropout.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -38,34 +41,59 @@ struct BwdKernelParams {
   BwdRows ws;
 };
 
-// ---- producer: one thread of warpgroup 0 ---------------------------------------------------
+// The steps of the CTA that owns key block n_block: for each query head of its KV head's
+// group, the query blocks [m_begin, m_end) whose rows see any of its keys (docs/DESIGN.md's
+// mask: row i sees keys [i + len_k − len_q − left, i + len_k − len_q + right]).
+struct BwdSteps {
+  int m_begin = 0, per_head = 0, total = 0;
+
+  __device__ BwdSteps(const BwdParams& p, int n_block, int block_m, int block_n) {
+    const int64_t off = int64_t(p.seqlen_k) - p.seqlen_q;
+    const int64_t j0 = int64_t(n_block) * block_n;
+    const int64_t j1 = j0 + block_n < p.seqlen_k ? j0 + block_n : p.seqlen_k;
+    int64_t lo = 0, hi = p.seqlen_q;
+    if (p.mask.window_right >= 0) lo = j0 - off - p.mask.window_right > 0 ? j0 - off - p.mask.window_right : 0;
+    if (p.mask.window_left >= 0 && j1 - off + p.mask.window_left < hi) hi = j1 - off + p.mask.window_left;
+    if (lo >= hi) return;
+    m_begin = int(lo / block_m);
+    per_head = int((hi + block_m - 1) / block_m) - m_begin;
+    total = per_head * p.group;
+  }
+  __device__ int head(int step, int h_kv, int group) const { return h_kv * group + step / per_head; }
+  __device__ int m_block(int step) const { return m_begin + step % per_head; }
+};
+
+// One bulk reduce-add of `bytes` from shared to global memory (fp32), in the issuing
+// thread's bulk async-group.
+__device__ __forceinline__ void bulk_reduce_add(float* gmem, const float* smem, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem),
+               "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
+               : "memory");
+}
+
+// ---- producer warp 0 (one thread): K and V once, then Q with its LSE and dO with its D ----
 template <class Tr>
 __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
                                          typename Tr::PipelineQ& pipeline_q,
-                                         typename Tr::PipelineQ& pipeline_do, int m_blocks) {
+                                         typename Tr::PipelineQ& pipeline_do, const BwdSteps& steps) {
   using BlkM = typename Tr::BlkM;
   using BlkN = typename Tr::BlkN;
   using HeadDim = typename Tr::HeadDim;
+  constexpr int kM = Tr::kBlockM;
   const BwdParams& p = kp.p;
-  const int n_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
   const int D = Tr::kHeadDim;
   Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(p.seqlen_q, D, p.heads_q, p.batch));
   Tensor mDo = kp.tma_do.get_tma_tensor(make_shape(p.seqlen_q, D, p.heads_q, p.batch));
   Tensor mK = kp.tma_k.get_tma_tensor(make_shape(p.seqlen_k, D, p.heads_kv, p.batch));
   Tensor mV = kp.tma_v.get_tma_tensor(make_shape(p.seqlen_k, D, p.heads_kv, p.batch));
-  Tensor gQ = local_tile(mQ(_, _, h, b), Shape<BlkM, HeadDim>{}, make_coord(_, _0{}));    // (BLK_M, D, m)
-  Tensor gDo = local_tile(mDo(_, _, h, b), Shape<BlkM, HeadDim>{}, make_coord(_, _0{}));  // (BLK_M, D, m)
-  Tensor gK = local_tile(mK(_, _, h, b), Shape<BlkN, HeadDim>{}, make_coord(n_block, _0{}));  // (BLK_N, D)
-  Tensor gV = local_tile(mV(_, _, h, b), Shape<BlkN, HeadDim>{}, make_coord(n_block, _0{}));  // (BLK_N, D)
+  Tensor gK = local_tile(mK(_, _, h_kv, b), Shape<BlkN, HeadDim>{}, make_coord(n_block, _0{}));  // (BLK_N, D)
+  Tensor gV = local_tile(mV(_, _, h_kv, b), Shape<BlkN, HeadDim>{}, make_coord(n_block, _0{}));  // (BLK_N, D)
 
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});      // (BLK_M, D, STAGES)
   Tensor sDo = make_tensor(make_smem_ptr(ss.dout.data()), typename Tr::SmemLayoutDo{});  // (BLK_M, D, STAGES)
   Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Tr::SmemLayoutK{});      // (BLK_N, D)
   Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename Tr::SmemLayoutV{});      // (BLK_N, D)
-  auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                    group_modes<0, 2>(gQ));  // (TMA, m), (TMA, STAGES)
-  auto [tDogDo, tDosDo] = tma_partition(kp.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sDo),
-                                        group_modes<0, 2>(gDo));  // (TMA, m), (TMA, STAGES)
   auto [tKgK, tKsK] = tma_partition(kp.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                     group_modes<0, 2>(gK));  // (TMA), (TMA)
   auto [tVgV, tVsV] = tma_partition(kp.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
@@ -76,14 +104,96 @@ __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename
   copy(kp.tma_v.with(ss.barrier_kv), tVgV, tVsV);
   auto state_q = cutlass::make_producer_start_state<typename Tr::PipelineQ>();
   auto state_do = state_q;
-  for (int m = 0; m < m_blocks; ++m) {
+  for (int s = 0; s < steps.total; ++s) {
+    const int h = steps.head(s, h_kv, p.group), m = steps.m_block(s);
+    Tensor gQ = local_tile(mQ(_, _, h, b), Shape<BlkM, HeadDim>{}, make_coord(m, _0{}));    // (BLK_M, D)
+    Tensor gDo = local_tile(mDo(_, _, h, b), Shape<BlkM, HeadDim>{}, make_coord(m, _0{}));  // (BLK_M, D)
+    auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                      group_modes<0, 2>(gQ));  // (TMA), (TMA, STAGES)
+    auto [tDogDo, tDosDo] = tma_partition(kp.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sDo),
+                                          group_modes<0, 2>(gDo));  // (TMA), (TMA, STAGES)
+    const int64_t rows = kp.ws.row(p, b, h) + int64_t(m) * kM;
     pipeline_q.producer_acquire(state_q);
-    copy(kp.tma_q.with(*pipeline_q.producer_get_barrier(state_q)), tQgQ(_, m), tQsQ(_, state_q.index()));
+    uint64_t* bar_q = pipeline_q.producer_get_barrier(state_q);
+    copy(kp.tma_q.with(*bar_q), tQgQ, tQsQ(_, state_q.index()));
+    SM90_BULK_COPY_G2S::copy(kp.ws.lse_log2 + rows, bar_q, ss.lse_log2.data() + state_q.index() * kM,
+                             Tr::kRowBytes);
     ++state_q;
     pipeline_do.producer_acquire(state_do);
-    copy(kp.tma_do.with(*pipeline_do.producer_get_barrier(state_do)), tDogDo(_, m),
-         tDosDo(_, state_do.index()));
+    uint64_t* bar_do = pipeline_do.producer_get_barrier(state_do);
+    copy(kp.tma_do.with(*bar_do), tDogDo, tDosDo(_, state_do.index()));
+    SM90_BULK_COPY_G2S::copy(kp.ws.dsum + rows, bar_do, ss.dsum.data() + state_do.index() * kM,
+                             Tr::kRowBytes);
     ++state_do;
+  }
+}
+
+// ---- producer warp 1: each step's dQ from shared memory into the fp32 accumulator -------
+template <class Tr>
+__device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
+                                             const BwdSteps& steps) {
+  using cutlass::arch::NamedBarrier;
+  constexpr int kBlock = Tr::kBlockM * Tr::kHeadDim;
+  const int h_kv = blockIdx.y, b = blockIdx.z;
+  const bool leader = threadIdx.x % 32 == 0;
+  NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
+  for (int s = 0; s < steps.total; ++s) {
+    NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::kDqFullBarrier);
+    if (leader) {
+      const int h = steps.head(s, h_kv, kp.p.group), m = steps.m_block(s);
+      float* dst = kp.ws.dq_accum + (kp.ws.row(kp.p, b, h) + int64_t(m) * Tr::kBlockM) * Tr::kHeadDim;
+      bulk_reduce_add(dst, ss.dq.data(), kBlock * int(sizeof(float)));
+      tma_store_arrive();
+      tma_store_wait<0>();  // the stage has been read
+    }
+    __syncwarp();
+    if (s + 1 < steps.total) NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
+  }
+  if (leader) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // and written
+}
+
+// P (in acc_s) from Sᵀ, and dS = P ∘ (dP − D) (in acc_dp) for one step; the softmax scale
+// is applied to dK and dQ at the end. Masked pairs and keys past the sequence get P = dS = 0
+// by selection, so that no NaN or Inf of a masked key's score reaches dK, dV or dQ's sums;
+// rows past the sequence have LSE = +inf, so their P is 0.
+template <class Tr, class Acc, class Coord>
+__device__ __forceinline__ void bwd_scores(const BwdParams& p, Acc& acc_s, Acc& acc_dp, const Coord& tScS,
+                                           const float* lse_log2, const float* dsum, int i0, int j0) {
+  constexpr int kM = Tr::kBlockM, kN = Tr::kBlockN;
+  const int len_q = p.seqlen_q, len_k = p.seqlen_k;
+  const bool full = j0 + kN <= len_k &&
+                    (!p.mask.is_local() ||
+                     p.mask.tile_is_full(i0, i0 + kM < len_q ? i0 + kM : len_q, j0, j0 + kN, len_q, len_k));
+  auto seen = [&](int e) {
+    return full || p.mask.allowed(i0 + get<1>(tScS(e)), j0 + get<0>(tScS(e)), len_q, len_k);
+  };
+  const float cap = p.mask.softcap;
+  if (cap > 0.f) {  // t = cap·tanh(s/cap), P = exp(t − LSE), dS = P ∘ (dP − D) ∘ (1 − (t/cap)²)
+    warpgroup_wait_for<0>(acc_s, acc_dp);
+    const float pre = p.scale / cap;
+    CUTE_UNROLL
+    for (int e = 0; e < size(acc_s); ++e) {
+      const int q = get<1>(tScS(e));
+      const float t = cap * tanhf(acc_s(e) * pre), u = t / cap;
+      const float pe = exp2f(t * kLog2e - lse_log2[q]);
+      const bool ok = seen(e);
+      acc_s(e) = ok ? pe : 0.f;
+      acc_dp(e) = ok ? pe * (acc_dp(e) - dsum[q]) * (1.f - u * u) : 0.f;
+    }
+    return;
+  }
+  warpgroup_wait_for<1>(acc_s);
+  const float scale_log2 = p.scale_log2;
+  CUTE_UNROLL
+  for (int e = 0; e < size(acc_s); ++e) {
+    const float pe = exp2f(acc_s(e) * scale_log2 - lse_log2[get<1>(tScS(e))]);
+    acc_s(e) = seen(e) ? pe : 0.f;
+  }
+  warpgroup_wait_for<0>(acc_dp);
+  CUTE_UNROLL
+  for (int e = 0; e < size(acc_dp); ++e) {
+    const float ds = acc_s(e) * (acc_dp(e) - dsum[get<1>(tScS(e))]);
+    acc_dp(e) = full || seen(e) ? ds : 0.f;
   }
 }
 
@@ -91,14 +201,16 @@ __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename
 template <class Tr>
 __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
                                             typename Tr::PipelineQ& pipeline_q,
-                                            typename Tr::PipelineQ& pipeline_do, int m_blocks, int ctid) {
+                                            typename Tr::PipelineQ& pipeline_do, const BwdSteps& steps,
+                                            int ctid) {
+  using cutlass::arch::NamedBarrier;
   using Element = typename Tr::Element;
   using BlkM = typename Tr::BlkM;
   using BlkN = typename Tr::BlkN;
   using HeadDim = typename Tr::HeadDim;
-  constexpr int kD = Tr::kHeadDim, kM = Tr::kBlockM, kN = Tr::kBlockN;
+  constexpr int kM = Tr::kBlockM, kN = Tr::kBlockN;
   const BwdParams& p = kp.p;
-  const int n_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
   const int len_k = p.seqlen_k;
 
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});       // (BLK_M, D, STAGES)
@@ -126,10 +238,8 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   Tensor tDkvrDot = thr_dkv.partition_fragment_B(sDot);  // (MMA, MMA_D, MMA_M, STAGES)
   Tensor tDqrDs = thr_dq.partition_fragment_A(sDs);      // (MMA, MMA_M, MMA_N, STAGES)
   Tensor tDqrKt = thr_dq.partition_fragment_B(sKt);      // (MMA, MMA_D, MMA_N)
-  // Where this thread's values of Sᵀ sit: (key, query) in the (BLK_N, BLK_M) tile, and in dSᵀ's
-  // shared-memory view.
+  // Where this thread's values of Sᵀ sit: (key, query) in the (BLK_N, BLK_M) tile.
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<BlkN, BlkM>{}));  // (MMA, MMA_N, MMA_M)
-  Tensor tDqcDq = thr_dq.partition_C(make_identity_tensor(Shape<BlkM, HeadDim>{}));  // (MMA, MMA_M, MMA_D)
   Tensor tDkvcDkv = thr_dkv.partition_C(make_identity_tensor(Shape<BlkN, HeadDim>{}));  // (MMA, MMA_N, MMA_D)
 
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<BlkN, HeadDim>{});  // (MMA, MMA_N, MMA_D)
@@ -137,35 +247,19 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   clear(acc_dk);
   clear(acc_dv);
 
-  const float scale_log2 = p.scale_log2;
-  const int64_t row0 = kp.ws.row(p, b, h);
   typename Tr::PipelineState state_q, state_do;  // stage 0, phase 0
-  if (m_blocks > 0) cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_kv, 0);
-  for (int m = 0; m < m_blocks; ++m) {
+  if (steps.total > 0) cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_kv, 0);
+  for (int s = 0; s < steps.total; ++s) {
     const int st = state_q.index();  // the Q and dO rings advance together
-    const int ds_st = m % Tr::kStages;
+    const int ds_st = s % Tr::kStages;
     Tensor acc_s = partition_fragment_C(mma_sdp, Shape<BlkN, BlkM>{});   // (MMA, MMA_N, MMA_M): Sᵀ
     Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<BlkN, BlkM>{});  // dPᵀ
     pipeline_q.consumer_wait(state_q);
     warpgroup_gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, st), acc_s);
     pipeline_do.consumer_wait(state_do);
     warpgroup_gemm_issue<true>(mma_sdp, tSrV, tSrDo(_, _, _, st), acc_dp);
-
-    // P = exp2(S·scale·log2 e − LSE·log2 e); keys past the sequence get 0, and so do rows
-    // past it (their LSE is +inf).
-    const float* lse_log2 = kp.ws.lse_log2 + row0 + int64_t(m) * kM;
-    const float* dsum = kp.ws.dsum + row0 + int64_t(m) * kM;
-    warpgroup_wait_for<1>(acc_s);
-    CUTE_UNROLL
-    for (int e = 0; e < size(acc_s); ++e) {
-      const int key = n_block * kN + get<0>(tScS(e));
-      const int q = get<1>(tScS(e));
-      acc_s(e) = key < len_k ? exp2f(acc_s(e) * scale_log2 - lse_log2[q]) : 0.f;
-    }
-    warpgroup_wait_for<0>(acc_dp);
-    // dS = P ∘ (dP − D) (the softmax scale is applied to dK and dQ at the end).
-    CUTE_UNROLL
-    for (int e = 0; e < size(acc_dp); ++e) acc_dp(e) = acc_s(e) * (acc_dp(e) - dsum[get<1>(tScS(e))]);
+    bwd_scores<Tr>(p, acc_s, acc_dp, tScS, ss.lse_log2.data() + st * kM, ss.dsum.data() + st * kM,
+                   steps.m_block(s) * kM, n_block * kN);
     Tensor rP = round_to<Element>(acc_s);    // (MMA, MMA_N, MMA_M)
     Tensor rDs = round_to<Element>(acc_dp);  // (MMA, MMA_N, MMA_M)
 
@@ -178,7 +272,7 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     CUTE_UNROLL
     for (int e = 0; e < size(rDs); ++e) tDssDs(e) = rDs(e);
     cutlass::arch::fence_view_async_shared();
-    cutlass::arch::NamedBarrier::sync(Tr::kNConsumerThreads, Tr::kDsBarrier);
+    NamedBarrier::sync(Tr::kNConsumerThreads, Tr::kDsBarrier);
 
     // dQ = dS K (this warpgroup's half of the head dim), then dK += dSᵀ Q.
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
@@ -190,18 +284,23 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     warpgroup_wait_for<1>(acc_dq);  // dV (the last reader of dO) and dQ are done
     pipeline_do.consumer_release(state_do);
     ++state_do;
-    float* dq = kp.ws.dq_accum + (row0 + int64_t(m) * kM) * kD;  // rows past the sequence: padding
+    // dQ into the shared stage (free once the dQ warp's last bulk reduce has read it).
+    NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
+    static_assert(decltype(size(acc_dq))::value % 4 == 0);
     CUTE_UNROLL
-    for (int e = 0; e < size(acc_dq); ++e)
-      atomicAdd(dq + get<0>(tDqcDq(e)) * kD + get<1>(tDqcDq(e)), acc_dq(e));
+    for (int e = 0; e < size(acc_dq); e += 4)
+      *reinterpret_cast<float4*>(ss.dq.data() + Tr::dq_slot(ctid, e)) =
+          make_float4(acc_dq(e), acc_dq(e + 1), acc_dq(e + 2), acc_dq(e + 3));
+    cutlass::arch::fence_view_async_shared();
+    NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqFullBarrier);
     warpgroup_wait_for<0>(acc_dk);  // dK (the last reader of Q) is done
     pipeline_q.consumer_release(state_q);
     ++state_q;
   }
 
   // ---- epilogue: dK = scale · Σ dSᵀ Q, dV; rows past the sequence are not written ----
-  Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + h * p.dk_head_stride;
-  Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + h * p.dv_head_stride;
+  Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
+  Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
   CUTE_UNROLL
   for (int e = 0; e < size(acc_dk); ++e) {
     const int key = n_block * kN + get<0>(tDkvcDkv(e)), d = get<1>(tDkvcDkv(e));
@@ -212,7 +311,7 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
 }
 
 // ---- the kernel --------------------------------------------------------------------------
-// grid (ceil(seqlen_k / kBlockN), heads, batch), kNThreads threads, one CTA per SM.
+// grid (ceil(seqlen_k / kBlockN), heads_kv, batch), kNThreads threads, one CTA per SM.
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kNThreads, 1)
     bwd_kernel(const __grid_constant__ BwdKernelParams<Tr> kp) {
@@ -221,11 +320,11 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   auto& ss = *reinterpret_cast<typename Tr::SharedStorage*>(smem);
   const int warp_group = cutlass::canonical_warp_group_idx();
   const bool producer = warp_group == 0;
-  const int m_blocks = (kp.p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const BwdSteps steps(kp.p, blockIdx.x, Tr::kBlockM, Tr::kBlockN);
 
   if (threadIdx.x == 0) cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
   typename PipelineQ::Params pipe;
-  pipe.transaction_bytes = Tr::kTmaBytesQ;
+  pipe.transaction_bytes = Tr::kTmaBytesQ + Tr::kRowBytes;  // a tile and its rows' LSE (or D)
   pipe.role = producer ? PipelineQ::ThreadCategory::Producer : PipelineQ::ThreadCategory::Consumer;
   pipe.is_leader = threadIdx.x == 0;
   pipe.num_consumers = Tr::kNConsumerThreads;
@@ -235,10 +334,37 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Tr::kProducerRegs>();
-    if (threadIdx.x == 0 && m_blocks > 0) bwd_load<Tr>(kp, ss, pipeline_q, pipeline_do, m_blocks);
+    const int warp = cutlass::canonical_warp_idx_sync();
+    if (warp == 0 && threadIdx.x == 0 && steps.total > 0) bwd_load<Tr>(kp, ss, pipeline_q, pipeline_do, steps);
+    if (warp == 1 && steps.total > 0) bwd_store_dq<Tr>(kp, ss, steps);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Tr::kConsumerRegs>();
-    bwd_consume<Tr>(kp, ss, pipeline_q, pipeline_do, m_blocks, int(threadIdx.x) - 128);
+    bwd_consume<Tr>(kp, ss, pipeline_q, pipeline_do, steps, int(threadIdx.x) - 128);
+  }
+}
+
+// grid (ceil(seqlen_q / kBlockM), heads_q, batch), kNConsumerThreads threads: block m of
+// the accumulator, read through the consumers' dq_slot map, scaled and rounded into dQ.
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kNConsumerThreads)
+    bwd_postprocess_kernel(const __grid_constant__ BwdParams p, BwdRows ws) {
+  using Element = typename Tr::Element;
+  constexpr int kM = Tr::kBlockM, kD = Tr::kHeadDim;
+  const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
+  typename Tr::TiledMmaDq mma_dq;
+  Tensor c = mma_dq.get_thread_slice(t).partition_C(
+      make_identity_tensor(Shape<typename Tr::BlkM, typename Tr::HeadDim>{}));  // (MMA, MMA_M, MMA_D)
+  const float* acc = ws.dq_accum + (ws.row(p, b, h) + int64_t(m) * kM) * kD;
+  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride;
+  CUTE_UNROLL
+  for (int e = 0; e < size(c); e += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(acc + Tr::dq_slot(t, e));
+    const float vals[4] = {v.x, v.y, v.z, v.w};
+    CUTE_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const int i = m * kM + get<0>(c(e + j));
+      if (i < p.seqlen_q) dq[int64_t(i) * p.dq_row_stride + get<1>(c(e + j))] = Element(vals[j] * p.scale);
+    }
   }
 }
 
@@ -281,13 +407,13 @@ Status launch_bwd(const BwdParams& p) {
     const auto kernel = bwd_kernel<Tr>;
     FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Tr::kSmemBytes));
-    const dim3 grid((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.heads_q, p.batch);
+    const dim3 grid((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.heads_kv, p.batch);
     kernel<<<grid, Tr::kNThreads, Tr::kSmemBytes, stream>>>(kp);
     FL_CUDA_CHECK_LAUNCH();
   }
   if (p.seqlen_q > 0) {
-    bwd_postprocess_kernel<Element, Tr::kHeadDim>
-        <<<dim3((p.seqlen_q + 7) / 8, p.heads_q, p.batch), 256, 0, stream>>>(p, ws);
+    bwd_postprocess_kernel<Tr><<<dim3((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, p.heads_q, p.batch),
+                                 Tr::kNConsumerThreads, 0, stream>>>(p, ws);
     FL_CUDA_CHECK_LAUNCH();
   }
   return {};

@@ -1,8 +1,9 @@
 // The Hopper backward's per-row work around the main kernel, and the workspace it lives in:
 //   preprocess   D = rowsum(dO ∘ O) and LSE·log2 e per query row, the dQ accumulator cleared
-//   postprocess  dQ = softmax_scale · the fp32 accumulator, rounded to the input type
-// Both are SIMT kernels, one warp per row: they read O, dO and write dQ once, a few percent
-// of the main kernel's bytes.
+// (the postprocess, dQ = softmax_scale · the accumulator rounded to the input type, reads
+// the accumulator in the main kernel's fragment order: bwd_kernel.cuh). The preprocess is a
+// SIMT kernel, one warp per row: it reads O and dO once, a few percent of the main kernel's
+// bytes.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,7 +18,9 @@ namespace flashlab::sm90 {
 
 // Row i of (batch b, head h) is row (b·heads_q + h)·rows + i of each array, rows = seqlen_q
 // rounded up to whole query blocks, so that the main kernel's last block needs no guard.
-//   dq_accum [batch, heads_q, rows, D] fp32   dQ before the scale, summed over key blocks
+//   dq_accum [batch, heads_q, rows, D] fp32   dQ before the scale, summed over key blocks;
+//                                             each block of kBlockM rows in the order of
+//                                             BwdTraits::dq_slot
 //   dsum     [batch, heads_q, rows]   fp32    D_i = rowsum(dO ∘ O); 0 past seqlen_q
 //   lse_log2 [batch, heads_q, rows]   fp32    LSE·log2 e; +inf past seqlen_q and for a row
 //                                             that saw no key, so that its P is 0
@@ -82,19 +85,6 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const __grid_consta
         i < p.seqlen_q ? p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] : -INFINITY;
     ws.lse_log2[r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
   }
-}
-
-// grid (ceil(seqlen_q / 8), heads_q, batch), 256 threads: dQ row i = scale · accumulator row.
-template <class Element, int kHeadDim>
-__global__ void __launch_bounds__(256) bwd_postprocess_kernel(const __grid_constant__ BwdParams p,
-                                                              BwdRows ws) {
-  const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
-  const int i = blockIdx.x * 8 + threadIdx.x / 32;
-  if (i >= p.seqlen_q) return;
-  const float* acc = ws.dq_accum + (ws.row(p, b, h) + i) * kHeadDim;
-  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + int64_t(i) * p.dq_row_stride +
-                h * p.dq_head_stride;
-  for (int d = lane; d < kHeadDim; d += 32) dq[d] = Element(acc[d] * p.scale);
 }
 
 }  // namespace flashlab::sm90

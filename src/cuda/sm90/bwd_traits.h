@@ -10,8 +10,10 @@
 //   whole keys), P and dS recomputed in registers from LSE and D = rowsum(dO ∘ O),
 //   dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ straight from those registers (the
 //   accumulator of Sᵀ is the A operand of dV's MMA, value for value), dS through shared
-//   memory to dQ = dS K (a warpgroup's dQ columns need the other warpgroup's keys), added
-//   into an fp32 accumulator in global memory.
+//   memory to dQ = dS K (a warpgroup's dQ columns need the other warpgroup's keys), staged
+//   in shared memory and added into an fp32 accumulator in global memory by one bulk
+//   reduce-add per step, which a warp of the producer warpgroup issues.
+// The rows' LSE·log2 e and D come with each Q and dO tile (bulk copies on the same barrier).
 //
 // Shapes are written (rows, cols) with the contiguous dimension last, as in global memory.
 #pragma once
@@ -36,14 +38,20 @@ struct BwdTraits {
   using Element = Element_;
   static_assert(sizeof(Element) == 2, "the wgmma path here takes 16-bit inputs");
 
-  // ---- roles: warpgroup 0 loads (one thread), warpgroups 1 and 2 compute ------------------
+  // ---- roles: warpgroup 0 loads (warp 0, one thread) and writes dQ (warp 1), warpgroups 1
+  // and 2 compute --------------------------------------------------------------------------
   static constexpr int kNConsumerWarpgroups = 2;
   static constexpr int kNConsumerThreads = 128 * kNConsumerWarpgroups;
   static constexpr int kNThreads = 128 + kNConsumerThreads;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
-  // Named barrier (CUTLASS adds its reserved ids): both consumers' dS are in shared memory.
+  // Named barriers (CUTLASS adds its reserved ids): both consumers' dS are in shared memory;
+  // the dQ stage is full (consumers arrive, the dQ warp waits); it is free again (the dQ
+  // warp arrives once its bulk reduce has read it, the consumers wait).
   static constexpr int kDsBarrier = 0;
+  static constexpr int kDqFullBarrier = 1;
+  static constexpr int kDqEmptyBarrier = 2;
+  static constexpr int kDqBarrierThreads = kNConsumerThreads + 32;
 
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // query rows per step
@@ -108,6 +116,7 @@ struct BwdTraits {
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{}));
   static constexpr uint32_t kTmaBytesQ = uint32_t(kBlockM * kHeadDim * sizeof(Element));
   static constexpr uint32_t kTmaBytesKV = uint32_t(kBlockN * kHeadDim * sizeof(Element));
+  static constexpr uint32_t kRowBytes = uint32_t(kBlockM * sizeof(float));  // a tile's LSE or D
 
   using PipelineQ = cutlass::PipelineTmaAsync<kStages>;  // Q tiles; the dO ring is alike
   using PipelineState = typename PipelineQ::PipelineState;
@@ -118,17 +127,29 @@ struct BwdTraits {
     cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
     cute::array_aligned<Element, cosize_v<SmemLayoutDs>, 1024> ds;
+    // dQ of one step in the accumulator's fragment order (dq_slot), fp32.
+    cute::array_aligned<float, kBlockM * kHeadDim, 128> dq;
+    cute::array_aligned<float, kBlockM * kStages, 128> lse_log2;  // with the Q ring
+    cute::array_aligned<float, kBlockM * kStages, 128> dsum;      // with the dO ring
     typename PipelineQ::SharedStorage pipeline_q;
     typename PipelineQ::SharedStorage pipeline_do;
     uint64_t barrier_kv;  // mbarrier: K and V have landed
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+
+  // Where value e of consumer thread t's dQ accumulator goes in a step's block of
+  // kBlockM·kHeadDim floats (shared memory and the global accumulator alike): groups of four
+  // values per thread side by side, so that a warp's 16-byte stores cover 512 contiguous
+  // bytes. The postprocess reads the block back through the same map.
+  static __host__ __device__ constexpr int dq_slot(int t, int e) {
+    return (e / 4) * (kNConsumerThreads * 4) + t * 4 + e % 4;
+  }
 };
 
 // The tile shapes per head dim: 64 query rows × 128 keys at head dim 128 (FlashAttention-3's
 // masked configuration), two consumer warpgroups of 64 keys each. Per consumer thread, fp32:
 // Sᵀ 32 + dPᵀ 32 + dK 64 + dV 64 + dQ 32, with P and dS rounded into 16 registers each.
-// Shared memory: Q 32 + dO 32 + K 32 + V 32 + dS 32 KiB.
+// Shared memory: Q 32 + dO 32 + K 32 + V 32 + dS 32 + dQ 32 KiB, and 1 KiB of LSE and D.
 template <DType kDtype, int kHeadDim>
 struct BwdConfig {
   static_assert(kHeadDim == 128, "the Hopper backward is built at head dim 128 only so far");

@@ -14,6 +14,8 @@
 // varlen, the deterministic mode, dropout.
 #pragma once
 
+#include <climits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -155,46 +157,62 @@ __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, type
 // P (in acc_s) from Sᵀ, and dS = P ∘ (dP − D) (in acc_dp) for one step; the softmax scale
 // is applied to dK and dQ at the end. Masked pairs and keys past the sequence get P = dS = 0
 // by selection, so that no NaN or Inf of a masked key's score reaches dK, dV or dQ's sums;
-// rows past the sequence have LSE = +inf, so their P is 0.
+// rows past the sequence have LSE = +inf, so their P is 0. Row i sees key j when
+// j < len_k and lo <= j − i <= hi (docs/DESIGN.md's mask with the bounds as differences),
+// a test of a few instructions per value, made only on the tiles the mask cuts.
 template <class Tr, class Acc, class Coord>
 __device__ __forceinline__ void bwd_scores(const BwdParams& p, Acc& acc_s, Acc& acc_dp, const Coord& tScS,
                                            const float* lse_log2, const float* dsum, int i0, int j0) {
   constexpr int kM = Tr::kBlockM, kN = Tr::kBlockN;
-  const int len_q = p.seqlen_q, len_k = p.seqlen_k;
+  const int len_q = p.seqlen_q, len_k = p.seqlen_k, off = len_k - len_q;
   const bool full = j0 + kN <= len_k &&
                     (!p.mask.is_local() ||
                      p.mask.tile_is_full(i0, i0 + kM < len_q ? i0 + kM : len_q, j0, j0 + kN, len_q, len_k));
-  auto seen = [&](int e) {
-    return full || p.mask.allowed(i0 + get<1>(tScS(e)), j0 + get<0>(tScS(e)), len_q, len_k);
-  };
-  const float cap = p.mask.softcap;
-  if (cap > 0.f) {  // t = cap·tanh(s/cap), P = exp(t − LSE), dS = P ∘ (dP − D) ∘ (1 − (t/cap)²)
-    warpgroup_wait_for<0>(acc_s, acc_dp);
-    const float pre = p.scale / cap;
+  const int lo = p.mask.window_left >= 0 ? off - p.mask.window_left : INT_MIN;
+  const int hi = p.mask.window_right >= 0 ? off + p.mask.window_right : INT_MAX;
+  // Both passes once per tile kind: without the test (full tiles), and with it, as selects.
+  auto pass = [&](auto masked) {
+    auto seen = [&](int e) {
+      if constexpr (!decltype(masked)::value) {
+        return true;
+      } else {
+        const int j = j0 + get<0>(tScS(e)), d = j - (i0 + get<1>(tScS(e)));
+        return (j < len_k) & (d >= lo) & (d <= hi);
+      }
+    };
+    const float cap = p.mask.softcap;
+    if (cap > 0.f) {  // t = cap·tanh(s/cap), P = exp(t − LSE), dS = P ∘ (dP − D) ∘ (1 − (t/cap)²)
+      warpgroup_wait_for<0>(acc_s, acc_dp);
+      const float pre = p.scale / cap, inv_cap = 1.f / cap;
+      CUTE_UNROLL
+      for (int e = 0; e < size(acc_s); ++e) {
+        const int q = get<1>(tScS(e));
+        const float t = cap * tanhf(acc_s(e) * pre), u = t * inv_cap;
+        const float pe = exp2f(t * kLog2e - lse_log2[q]);
+        const bool ok = seen(e);
+        acc_s(e) = ok ? pe : 0.f;
+        acc_dp(e) = ok ? pe * (acc_dp(e) - dsum[q]) * (1.f - u * u) : 0.f;
+      }
+      return;
+    }
+    warpgroup_wait_for<1>(acc_s);
+    const float scale_log2 = p.scale_log2;
     CUTE_UNROLL
     for (int e = 0; e < size(acc_s); ++e) {
-      const int q = get<1>(tScS(e));
-      const float t = cap * tanhf(acc_s(e) * pre), u = t / cap;
-      const float pe = exp2f(t * kLog2e - lse_log2[q]);
-      const bool ok = seen(e);
-      acc_s(e) = ok ? pe : 0.f;
-      acc_dp(e) = ok ? pe * (acc_dp(e) - dsum[q]) * (1.f - u * u) : 0.f;
+      const float pe = exp2f(acc_s(e) * scale_log2 - lse_log2[get<1>(tScS(e))]);
+      acc_s(e) = seen(e) ? pe : 0.f;
     }
-    return;
-  }
-  warpgroup_wait_for<1>(acc_s);
-  const float scale_log2 = p.scale_log2;
-  CUTE_UNROLL
-  for (int e = 0; e < size(acc_s); ++e) {
-    const float pe = exp2f(acc_s(e) * scale_log2 - lse_log2[get<1>(tScS(e))]);
-    acc_s(e) = seen(e) ? pe : 0.f;
-  }
-  warpgroup_wait_for<0>(acc_dp);
-  CUTE_UNROLL
-  for (int e = 0; e < size(acc_dp); ++e) {
-    const float ds = acc_s(e) * (acc_dp(e) - dsum[get<1>(tScS(e))]);
-    acc_dp(e) = full || seen(e) ? ds : 0.f;
-  }
+    warpgroup_wait_for<0>(acc_dp);
+    CUTE_UNROLL
+    for (int e = 0; e < size(acc_dp); ++e) {
+      const float ds = acc_s(e) * (acc_dp(e) - dsum[get<1>(tScS(e))]);
+      acc_dp(e) = seen(e) ? ds : 0.f;
+    }
+  };
+  if (full)
+    pass(cute::false_type{});
+  else
+    pass(cute::true_type{});
 }
 
 // ---- consumers: warpgroups 1 and 2 ----------------------------------------------------------

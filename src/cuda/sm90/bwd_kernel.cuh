@@ -154,66 +154,91 @@ __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, type
   if (leader) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // and written
 }
 
-// P (in acc_s) from Sᵀ, and dS = P ∘ (dP − D) (in acc_dp) for one step; the softmax scale
-// is applied to dK and dQ at the end. Masked pairs and keys past the sequence get P = dS = 0
-// by selection, so that no NaN or Inf of a masked key's score reaches dK, dV or dQ's sums;
-// rows past the sequence have LSE = +inf, so their P is 0. Row i sees key j when
-// j < len_k and lo <= j − i <= hi (docs/DESIGN.md's mask with the bounds as differences),
-// a test of a few instructions per value, made only on the tiles the mask cuts.
-template <class Tr, class Acc, class Coord>
-__device__ __forceinline__ void bwd_scores(const BwdParams& p, Acc& acc_s, Acc& acc_dp, const Coord& tScS,
-                                           const float* lse_log2, const float* dsum, int i0, int j0) {
-  constexpr int kM = Tr::kBlockM, kN = Tr::kBlockN;
-  const int len_q = p.seqlen_q, len_k = p.seqlen_k, off = len_k - len_q;
-  const bool full = j0 + kN <= len_k &&
-                    (!p.mask.is_local() ||
-                     p.mask.tile_is_full(i0, i0 + kM < len_q ? i0 + kM : len_q, j0, j0 + kN, len_q, len_k));
-  const int lo = p.mask.window_left >= 0 ? off - p.mask.window_left : INT_MIN;
-  const int hi = p.mask.window_right >= 0 ? off + p.mask.window_right : INT_MAX;
-  // Both passes once per tile kind: without the test (full tiles), and with it, as selects.
-  auto pass = [&](auto masked) {
-    auto seen = [&](int e) {
-      if constexpr (!decltype(masked)::value) {
-        return true;
-      } else {
-        const int j = j0 + get<0>(tScS(e)), d = j - (i0 + get<1>(tScS(e)));
-        return (j < len_k) & (d >= lo) & (d <= hi);
+// The step's elementwise work, in two halves so that each overlaps an MMA: P (in acc_s)
+// from Sᵀ while dPᵀ runs, then dS = P ∘ (dP − D) (in acc_dp) while dV += Pᵀ dO runs. The
+// softmax scale is applied to dK and dQ at the end. Masked pairs and keys past the sequence
+// get P = dS = 0 by selection, so that no NaN or Inf of a masked key's score reaches dK, dV
+// or dQ's sums; rows past the sequence have LSE = +inf, so their P is 0. Row i sees key j
+// when j < len_k and lo <= j − i <= hi (docs/DESIGN.md's mask with the bounds as
+// differences), a test of a few instructions per value, made only on the tiles the mask
+// cuts. With softcap, t = cap·tanh(s/cap), P = exp(t − LSE) and dS = P ∘ (dP − D) ∘
+// (1 − (t/cap)²) need t in both halves, so both are done at once after dPᵀ.
+template <class Tr>
+struct BwdScores {
+  static constexpr int kM = Tr::kBlockM, kN = Tr::kBlockN;
+  const BwdParams& p;
+  const float* lse_log2;
+  const float* dsum;
+  int i0, j0, lo, hi;
+  bool full;
+
+  __device__ BwdScores(const BwdParams& p_, const float* lse, const float* ds, int i0_, int j0_)
+      : p(p_), lse_log2(lse), dsum(ds), i0(i0_), j0(j0_) {
+    const int len_q = p.seqlen_q, len_k = p.seqlen_k, off = len_k - len_q;
+    full = j0 + kN <= len_k &&
+           (!p.mask.is_local() ||
+            p.mask.tile_is_full(i0, i0 + kM < len_q ? i0 + kM : len_q, j0, j0 + kN, len_q, len_k));
+    lo = p.mask.window_left >= 0 ? off - p.mask.window_left : INT_MIN;
+    hi = p.mask.window_right >= 0 ? off + p.mask.window_right : INT_MAX;
+  }
+  template <bool kMasked, class Coord>
+  __device__ bool seen(const Coord& tScS, int e) const {
+    if constexpr (!kMasked) {
+      return true;
+    } else {
+      const int j = j0 + get<0>(tScS(e)), d = j - (i0 + get<1>(tScS(e)));
+      return (j < p.seqlen_k) & (d >= lo) & (d <= hi);
+    }
+  }
+  // Calls f with the tile's kind: whether the mask test is needed.
+  template <class F>
+  __device__ void dispatch(F&& f) const {
+    if (full)
+      f(cute::false_type{});
+    else
+      f(cute::true_type{});
+  }
+
+  template <class Acc, class Coord>
+  __device__ void probs(Acc& acc_s, const Coord& tScS) const {
+    dispatch([&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      const float scale_log2 = p.scale_log2;
+      CUTE_UNROLL
+      for (int e = 0; e < size(acc_s); ++e) {
+        const float pe = exp2f(acc_s(e) * scale_log2 - lse_log2[get<1>(tScS(e))]);
+        acc_s(e) = seen<kMasked>(tScS, e) ? pe : 0.f;
       }
-    };
-    const float cap = p.mask.softcap;
-    if (cap > 0.f) {  // t = cap·tanh(s/cap), P = exp(t − LSE), dS = P ∘ (dP − D) ∘ (1 − (t/cap)²)
-      warpgroup_wait_for<0>(acc_s, acc_dp);
-      const float pre = p.scale / cap, inv_cap = 1.f / cap;
+    });
+  }
+  template <class Acc, class Coord>
+  __device__ void dscores(const Acc& acc_s, Acc& acc_dp, const Coord& tScS) const {
+    dispatch([&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      CUTE_UNROLL
+      for (int e = 0; e < size(acc_dp); ++e) {
+        const float ds = acc_s(e) * (acc_dp(e) - dsum[get<1>(tScS(e))]);
+        acc_dp(e) = seen<kMasked>(tScS, e) ? ds : 0.f;
+      }
+    });
+  }
+  template <class Acc, class Coord>
+  __device__ void softcapped(Acc& acc_s, Acc& acc_dp, const Coord& tScS) const {
+    dispatch([&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      const float cap = p.mask.softcap, pre = p.scale / cap, inv_cap = 1.f / cap;
       CUTE_UNROLL
       for (int e = 0; e < size(acc_s); ++e) {
         const int q = get<1>(tScS(e));
         const float t = cap * tanhf(acc_s(e) * pre), u = t * inv_cap;
         const float pe = exp2f(t * kLog2e - lse_log2[q]);
-        const bool ok = seen(e);
+        const bool ok = seen<kMasked>(tScS, e);
         acc_s(e) = ok ? pe : 0.f;
         acc_dp(e) = ok ? pe * (acc_dp(e) - dsum[q]) * (1.f - u * u) : 0.f;
       }
-      return;
-    }
-    warpgroup_wait_for<1>(acc_s);
-    const float scale_log2 = p.scale_log2;
-    CUTE_UNROLL
-    for (int e = 0; e < size(acc_s); ++e) {
-      const float pe = exp2f(acc_s(e) * scale_log2 - lse_log2[get<1>(tScS(e))]);
-      acc_s(e) = seen(e) ? pe : 0.f;
-    }
-    warpgroup_wait_for<0>(acc_dp);
-    CUTE_UNROLL
-    for (int e = 0; e < size(acc_dp); ++e) {
-      const float ds = acc_s(e) * (acc_dp(e) - dsum[get<1>(tScS(e))]);
-      acc_dp(e) = seen(e) ? ds : 0.f;
-    }
-  };
-  if (full)
-    pass(cute::false_type{});
-  else
-    pass(cute::true_type{});
-}
+    });
+  }
+};
 
 // ---- consumers: warpgroups 1 and 2 ----------------------------------------------------------
 template <class Tr>
@@ -276,32 +301,48 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     warpgroup_gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, st), acc_s);
     pipeline_do.consumer_wait(state_do);
     warpgroup_gemm_issue<true>(mma_sdp, tSrV, tSrDo(_, _, _, st), acc_dp);
-    bwd_scores<Tr>(p, acc_s, acc_dp, tScS, ss.lse_log2.data() + st * kM, ss.dsum.data() + st * kM,
-                   steps.m_block(s) * kM, n_block * kN);
-    Tensor rP = round_to<Element>(acc_s);    // (MMA, MMA_N, MMA_M)
-    Tensor rDs = round_to<Element>(acc_dp);  // (MMA, MMA_N, MMA_M)
+    const BwdScores<Tr> scores(p, ss.lse_log2.data() + st * kM, ss.dsum.data() + st * kM,
+                               steps.m_block(s) * kM, n_block * kN);
+    const bool softcap = p.mask.softcap > 0.f;
+    if (softcap) {
+      warpgroup_wait_for<0>(acc_s, acc_dp);
+      scores.softcapped(acc_s, acc_dp, tScS);
+    } else {
+      warpgroup_wait_for<1>(acc_s);  // Sᵀ is done, dPᵀ runs on
+      scores.probs(acc_s, tScS);
+    }
+    Tensor rP = round_to<Element>(acc_s);  // (MMA, MMA_N, MMA_M)
 
-    // dV += Pᵀ dO, Pᵀ from registers.
+    // dV += Pᵀ dO, Pᵀ from registers; it runs while dS is formed.
     Tensor tPrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
     warpgroup_gemm_issue<false>(mma_dkv, tPrP, tDkvrDot(_, _, _, st), acc_dv);
+    if (!softcap) {
+      warpgroup_wait_for<1>(acc_dp);  // dPᵀ is done, dV runs on
+      scores.dscores(acc_s, acc_dp, tScS);
+    }
+    Tensor rDs = round_to<Element>(acc_dp);  // (MMA, MMA_N, MMA_M)
 
-    // dS to shared memory, where both warpgroups' dQ MMAs read all keys of it.
+    // dK += dSᵀ Q from registers; it runs while dS goes to shared memory, where both
+    // warpgroups' dQ MMAs read all keys of it.
+    Tensor tDsrDs = make_tensor(rDs.data(), acc_as_a_operand(rDs.layout()));
+    warpgroup_gemm_issue<false>(mma_dkv, tDsrDs, tDkvrQt(_, _, _, st), acc_dk);
     Tensor tDssDs = thr_sdp.partition_C(sDst(_, _, ds_st));  // (MMA, MMA_N, MMA_M)
     CUTE_UNROLL
     for (int e = 0; e < size(rDs); ++e) tDssDs(e) = rDs(e);
     cutlass::arch::fence_view_async_shared();
     NamedBarrier::sync(Tr::kNConsumerThreads, Tr::kDsBarrier);
 
-    // dQ = dS K (this warpgroup's half of the head dim), then dK += dSᵀ Q.
+    // dQ = dS K (this warpgroup's half of the head dim).
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
     Tensor tDqrDs_st = tDqrDs(_, _, _, ds_st);  // (MMA, MMA_M, MMA_N)
     warpgroup_gemm_issue<true>(mma_dq, tDqrDs_st, tDqrKt, acc_dq);
-    Tensor tDsrDs = make_tensor(rDs.data(), acc_as_a_operand(rDs.layout()));
-    warpgroup_gemm_issue<false>(mma_dkv, tDsrDs, tDkvrQt(_, _, _, st), acc_dk);
 
-    warpgroup_wait_for<1>(acc_dq);  // dV (the last reader of dO) and dQ are done
+    warpgroup_wait_for<1>(acc_dv, acc_dk);  // dV and dK, the last readers of dO and Q
     pipeline_do.consumer_release(state_do);
     ++state_do;
+    pipeline_q.consumer_release(state_q);
+    ++state_q;
+    warpgroup_wait_for<0>(acc_dq);
     // dQ into the shared stage (free once the dQ warp's last bulk reduce has read it).
     NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
     static_assert(decltype(size(acc_dq))::value % 4 == 0);
@@ -311,9 +352,6 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
           make_float4(acc_dq(e), acc_dq(e + 1), acc_dq(e + 2), acc_dq(e + 3));
     cutlass::arch::fence_view_async_shared();
     NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqFullBarrier);
-    warpgroup_wait_for<0>(acc_dk);  // dK (the last reader of Q) is done
-    pipeline_q.consumer_release(state_q);
-    ++state_q;
   }
 
   // ---- epilogue: dK = scale · Σ dSᵀ Q, dV; rows past the sequence are not written ----
@@ -362,26 +400,46 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
 }
 
 // grid (ceil(seqlen_q / kBlockM), heads_q, batch), kNConsumerThreads threads: block m of
-// the accumulator, read through the consumers' dq_slot map, scaled and rounded into dQ.
+// the accumulator, read through the consumers' dq_slot map (16-byte loads), transposed to rows
+// in shared memory, scaled and rounded into dQ, 8 values per 16-byte store where dQ's rows
+// allow it.
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kNConsumerThreads)
     bwd_postprocess_kernel(const __grid_constant__ BwdParams p, BwdRows ws) {
   using Element = typename Tr::Element;
-  constexpr int kM = Tr::kBlockM, kD = Tr::kHeadDim;
+  constexpr int kM = Tr::kBlockM, kD = Tr::kHeadDim, kThreads = Tr::kNConsumerThreads;
+  constexpr int kLd = kD + 4;  // a row of the staged tile, padded (16-byte aligned rows)
+  __shared__ __align__(16) float tile[kM * kLd];
   const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
   typename Tr::TiledMmaDq mma_dq;
   Tensor c = mma_dq.get_thread_slice(t).partition_C(
       make_identity_tensor(Shape<typename Tr::BlkM, typename Tr::HeadDim>{}));  // (MMA, MMA_M, MMA_D)
   const float* acc = ws.dq_accum + (ws.row(p, b, h) + int64_t(m) * kM) * kD;
-  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride;
   CUTE_UNROLL
   for (int e = 0; e < size(c); e += 4) {
     const float4 v = *reinterpret_cast<const float4*>(acc + Tr::dq_slot(t, e));
-    const float vals[4] = {v.x, v.y, v.z, v.w};
+    tile[get<0>(c(e)) * kLd + get<1>(c(e))] = v.x;
+    tile[get<0>(c(e + 1)) * kLd + get<1>(c(e + 1))] = v.y;
+    tile[get<0>(c(e + 2)) * kLd + get<1>(c(e + 2))] = v.z;
+    tile[get<0>(c(e + 3)) * kLd + get<1>(c(e + 3))] = v.w;
+  }
+  __syncthreads();
+  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride;
+  const bool vec = reinterpret_cast<uintptr_t>(dq) % 16 == 0 && p.dq_row_stride % 8 == 0;
+  CUTE_UNROLL
+  for (int it = 0; it < kM * kD / 8 / kThreads; ++it) {
+    const int chunk = it * kThreads + t, r = chunk / (kD / 8), c8 = chunk % (kD / 8) * 8;
+    const int i = m * kM + r;
+    if (i >= p.seqlen_q) continue;
+    alignas(16) Element out[8];
     CUTE_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      const int i = m * kM + get<0>(c(e + j));
-      if (i < p.seqlen_q) dq[int64_t(i) * p.dq_row_stride + get<1>(c(e + j))] = Element(vals[j] * p.scale);
+    for (int j = 0; j < 8; ++j) out[j] = Element(tile[r * kLd + c8 + j] * p.scale);
+    Element* row = dq + int64_t(i) * p.dq_row_stride + c8;
+    if (vec) {
+      *reinterpret_cast<uint4*>(row) = *reinterpret_cast<const uint4*>(out);
+    } else {
+      CUTE_UNROLL
+      for (int j = 0; j < 8; ++j) row[j] = out[j];
     }
   }
 }

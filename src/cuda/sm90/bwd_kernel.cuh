@@ -310,39 +310,33 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     } else {
       warpgroup_wait_for<1>(acc_s);  // Sᵀ is done, dPᵀ runs on
       scores.probs(acc_s, tScS);
-    }
-    Tensor rP = round_to<Element>(acc_s);  // (MMA, MMA_N, MMA_M)
-
-    // dV += Pᵀ dO, Pᵀ from registers; it runs while dS is formed.
-    Tensor tPrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
-    warpgroup_gemm_issue<false>(mma_dkv, tPrP, tDkvrDot(_, _, _, st), acc_dv);
-    if (!softcap) {
-      warpgroup_wait_for<1>(acc_dp);  // dPᵀ is done, dV runs on
+      warpgroup_wait_for<0>(acc_dp);
       scores.dscores(acc_s, acc_dp, tScS);
     }
+    Tensor rP = round_to<Element>(acc_s);    // (MMA, MMA_N, MMA_M)
     Tensor rDs = round_to<Element>(acc_dp);  // (MMA, MMA_N, MMA_M)
 
-    // dK += dSᵀ Q from registers; it runs while dS goes to shared memory, where both
-    // warpgroups' dQ MMAs read all keys of it.
-    Tensor tDsrDs = make_tensor(rDs.data(), acc_as_a_operand(rDs.layout()));
-    warpgroup_gemm_issue<false>(mma_dkv, tDsrDs, tDkvrQt(_, _, _, st), acc_dk);
+    // dV += Pᵀ dO, Pᵀ from registers.
+    Tensor tPrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
+    warpgroup_gemm_issue<false>(mma_dkv, tPrP, tDkvrDot(_, _, _, st), acc_dv);
+
+    // dS to shared memory, where both warpgroups' dQ MMAs read all keys of it.
     Tensor tDssDs = thr_sdp.partition_C(sDst(_, _, ds_st));  // (MMA, MMA_N, MMA_M)
     CUTE_UNROLL
     for (int e = 0; e < size(rDs); ++e) tDssDs(e) = rDs(e);
     cutlass::arch::fence_view_async_shared();
     NamedBarrier::sync(Tr::kNConsumerThreads, Tr::kDsBarrier);
 
-    // dQ = dS K (this warpgroup's half of the head dim).
+    // dQ = dS K (this warpgroup's half of the head dim), then dK += dSᵀ Q.
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
     Tensor tDqrDs_st = tDqrDs(_, _, _, ds_st);  // (MMA, MMA_M, MMA_N)
     warpgroup_gemm_issue<true>(mma_dq, tDqrDs_st, tDqrKt, acc_dq);
+    Tensor tDsrDs = make_tensor(rDs.data(), acc_as_a_operand(rDs.layout()));
+    warpgroup_gemm_issue<false>(mma_dkv, tDsrDs, tDkvrQt(_, _, _, st), acc_dk);
 
-    warpgroup_wait_for<1>(acc_dv, acc_dk);  // dV and dK, the last readers of dO and Q
+    warpgroup_wait_for<1>(acc_dq);  // dV (the last reader of dO) and dQ are done
     pipeline_do.consumer_release(state_do);
     ++state_do;
-    pipeline_q.consumer_release(state_q);
-    ++state_q;
-    warpgroup_wait_for<0>(acc_dq);
     // dQ into the shared stage (free once the dQ warp's last bulk reduce has read it).
     NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
     static_assert(decltype(size(acc_dq))::value % 4 == 0);
@@ -352,6 +346,9 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
           make_float4(acc_dq(e), acc_dq(e + 1), acc_dq(e + 2), acc_dq(e + 3));
     cutlass::arch::fence_view_async_shared();
     NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqFullBarrier);
+    warpgroup_wait_for<0>(acc_dk);  // dK (the last reader of Q) is done
+    pipeline_q.consumer_release(state_q);
+    ++state_q;
   }
 
   // ---- epilogue: dK = scale · Σ dSᵀ Q, dV; rows past the sequence are not written ----

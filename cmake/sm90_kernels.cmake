@@ -26,7 +26,7 @@ if("90a" IN_LIST FLASHLAB_CUDA_ARCHS AND FLASHLAB_SM90_FWD_HEAD_DIMS)
     endforeach()
   endforeach()
 
-  # The backward (cute_fa3's backward pass): head dim 128 so far.
+  # The backward (cute_fa3's backward pass): instances at head dim 128.
   if(128 IN_LIST FLASHLAB_HEAD_DIMS)
     list(APPEND FLASHLAB_SM90_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/bwd_dispatch.cu
       ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/instantiations/bwd_hdim128_fp16.cu

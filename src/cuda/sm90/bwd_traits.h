@@ -152,7 +152,7 @@ struct BwdTraits {
 // Shared memory: Q 32 + dO 32 + K 32 + V 32 + dS 32 + dQ 32 KiB, and 1 KiB of LSE and D.
 template <DType kDtype, int kHeadDim>
 struct BwdConfig {
-  static_assert(kHeadDim == 128, "the Hopper backward is built at head dim 128 only so far");
+  static_assert(kHeadDim == 128, "the Hopper backward has instances at head dim 128 only");
   using Traits = BwdTraits<typename cuda::ElementFor<kDtype>::type, kHeadDim, 64, 128>;
 };
 

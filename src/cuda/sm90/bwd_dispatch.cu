@@ -40,7 +40,8 @@ constexpr int kHeadDims[] = {128};
 std::string supports_bwd(const BwdParams& p) {
   FL_REFUSE_IF(cuda::refuse_placement(p, cuda::Inputs::kHalf, "the wgmma path"));
   FL_REFUSE_IF(cuda::refuse_unequal_head_dims(p));
-  FL_REFUSE_IF(cuda::refuse_head_dim(p.head_dim, kHeadDims, "128 (the Hopper backward's instances; other head dims run on cute_fa2)"));
+  FL_REFUSE_IF(cuda::refuse_head_dim(p.head_dim, kHeadDims,
+                                     "128 (the Hopper backward's instances; other head dims run on cute_fa2)"));
   FL_REFUSE_IF(cuda::refuse_grid_heads_batch(p));
   if (p.varlen) return "varlen (cu_seqlens) is not supported yet by the Hopper backward";
   if (p.deterministic) return "the deterministic mode is not supported yet by the Hopper backward";

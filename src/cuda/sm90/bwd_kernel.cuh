@@ -106,6 +106,16 @@ __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename
   copy(kp.tma_v.with(ss.barrier_kv), tVgV, tVsV);
   auto state_q = cutlass::make_producer_start_state<typename Tr::PipelineQ>();
   auto state_do = state_q;
+  // One ring stage: a (BLK_M, D) tile by TMA and its rows' LSE (or D) by a bulk copy, both
+  // on the stage's barrier.
+  auto load = [&](auto& pipeline, auto& state, const auto& tma, const auto& src, const auto& dst,
+                  const float* rows_src, float* rows_dst) {
+    pipeline.producer_acquire(state);
+    uint64_t* bar = pipeline.producer_get_barrier(state);
+    copy(tma.with(*bar), src, dst(_, state.index()));
+    SM90_BULK_COPY_G2S::copy(rows_src, bar, rows_dst + state.index() * kM, Tr::kRowBytes);
+    ++state;
+  };
   for (int s = 0; s < steps.total; ++s) {
     const int h = steps.head(s, h_kv, p.group), m = steps.m_block(s);
     Tensor gQ = local_tile(mQ(_, _, h, b), Shape<BlkM, HeadDim>{}, make_coord(m, _0{}));    // (BLK_M, D)
@@ -115,18 +125,8 @@ __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename
     auto [tDogDo, tDosDo] = tma_partition(kp.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sDo),
                                           group_modes<0, 2>(gDo));  // (TMA), (TMA, STAGES)
     const int64_t rows = kp.ws.row(p, b, h) + int64_t(m) * kM;
-    pipeline_q.producer_acquire(state_q);
-    uint64_t* bar_q = pipeline_q.producer_get_barrier(state_q);
-    copy(kp.tma_q.with(*bar_q), tQgQ, tQsQ(_, state_q.index()));
-    SM90_BULK_COPY_G2S::copy(kp.ws.lse_log2 + rows, bar_q, ss.lse_log2.data() + state_q.index() * kM,
-                             Tr::kRowBytes);
-    ++state_q;
-    pipeline_do.producer_acquire(state_do);
-    uint64_t* bar_do = pipeline_do.producer_get_barrier(state_do);
-    copy(kp.tma_do.with(*bar_do), tDogDo, tDosDo(_, state_do.index()));
-    SM90_BULK_COPY_G2S::copy(kp.ws.dsum + rows, bar_do, ss.dsum.data() + state_do.index() * kM,
-                             Tr::kRowBytes);
-    ++state_do;
+    load(pipeline_q, state_q, kp.tma_q, tQgQ, tQsQ, kp.ws.lse_log2 + rows, ss.lse_log2.data());
+    load(pipeline_do, state_do, kp.tma_do, tDogDo, tDosDo, kp.ws.dsum + rows, ss.dsum.data());
   }
 }
 
@@ -376,11 +376,9 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   const BwdSteps steps(kp.p, blockIdx.x, Tr::kBlockM, Tr::kBlockN);
 
   if (threadIdx.x == 0) cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
-  typename PipelineQ::Params pipe;
-  pipe.transaction_bytes = Tr::kTmaBytesQ + Tr::kRowBytes;  // a tile and its rows' LSE (or D)
-  pipe.role = producer ? PipelineQ::ThreadCategory::Producer : PipelineQ::ThreadCategory::Consumer;
-  pipe.is_leader = threadIdx.x == 0;
-  pipe.num_consumers = Tr::kNConsumerThreads;
+  // A stage holds a tile and its rows' LSE (or D).
+  const auto pipe =
+      tma_pipeline_params<PipelineQ>(producer, Tr::kTmaBytesQ + Tr::kRowBytes, Tr::kNConsumerThreads);
   PipelineQ pipeline_q(ss.pipeline_q, pipe, Shape<_1, _1, _1>{});
   PipelineQ pipeline_do(ss.pipeline_do, pipe, Shape<_1, _1, _1>{});
   __syncthreads();

@@ -102,12 +102,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
     cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_q, 1);
     cutlass::arch::ClusterBarrier::init(&ss.barrier_q_empty, Tr::kNConsumerThreads);
   }
-  typename PipelineKV::Params pipe;
-  pipe.transaction_bytes = Tr::kTmaBytesKV;
-  pipe.role = producer ? PipelineKV::ThreadCategory::Producer
-                       : PipelineKV::ThreadCategory::Consumer;
-  pipe.is_leader = threadIdx.x == 0;  // the one producer thread that issues copies
-  pipe.num_consumers = Tr::kNConsumerThreads;
+  const auto pipe = tma_pipeline_params<PipelineKV>(producer, Tr::kTmaBytesKV, Tr::kNConsumerThreads);
   PipelineKV pipeline_k(ss.pipeline_k, pipe, Shape<_1, _1, _1>{});
   PipelineKV pipeline_v(ss.pipeline_v, pipe, Shape<_1, _1, _1>{});
   __syncthreads();

@@ -31,6 +31,19 @@ struct MainloopParams {
 };
 
 // ---- producer --------------------------------------------------------------------------
+// The parameters of a TMA pipeline (PipelineTmaAsync) whose producer is thread 0 alone and
+// whose consumers are `consumers` threads, each stage landing `bytes`.
+template <class Pipeline>
+__device__ __forceinline__ typename Pipeline::Params tma_pipeline_params(bool producer, uint32_t bytes,
+                                                                         int consumers) {
+  typename Pipeline::Params pipe;
+  pipe.transaction_bytes = bytes;
+  pipe.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pipe.is_leader = threadIdx.x == 0;  // the one producer thread that issues copies
+  pipe.num_consumers = consumers;
+  return pipe;
+}
+
 // Issued by one thread. The tiles are in TMA coordinates, so the rows past the end of the
 // tensor (a ragged last tile) arrive as zeros and still count toward the expected bytes.
 // state_k, state_v: the rings' producer states, carried from tile to tile. before_q() runs

@@ -364,15 +364,35 @@ def spin_up_gpu(seconds: float) -> None:
         torch.cuda.synchronize()
 
 
+def sweep_stream(device: str):
+    """(context, handle): the stream of every call of a sweep. CUDA: a stream of its own,
+    made torch's current stream by the context and given to each native Bench, so that the
+    peers (which launch on torch's current stream), the registry kernels and the harness's
+    events, fills and waits are in one order. Not torch's default stream: its handle is 0,
+    which Bench takes for "make a stream of your own", and that stream (non-blocking) would
+    neither wait for a peer's work before the check reads its outputs nor hold it between
+    the events that time it. CPU: no stream (0)."""
+    if device != "cuda":
+        return contextlib.nullcontext(), 0
+    import torch
+
+    stream = torch.cuda.Stream()
+    return torch.cuda.stream(stream), stream.cuda_stream
+
+
 def run(args, footer: Dict[str, str]) -> List[Result]:
     """Every problem: a native Bench on it, its entries checked, then timed (each alone, or
-    with --rounds in alternating turns)."""
-    stream = 0
+    with --rounds in alternating turns), all on sweep_stream's stream."""
+    context, stream = sweep_stream(args.device)
+    with context:
+        return _run(args, footer, stream)
+
+
+def _run(args, footer: Dict[str, str], stream: int) -> List[Result]:
     if args.device == "cuda":
         import torch
 
         torch.backends.cuda.matmul.allow_tf32 = False
-        stream = torch.cuda.current_stream().cuda_stream
         if args.spin_up > 0:
             spin_up_gpu(args.spin_up)
     work = [(p, gpu_impls(args, p.backward, p.decode) if args.device == "cuda" else cpu_impls(args))

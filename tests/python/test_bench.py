@@ -1,9 +1,11 @@
 """The peer benchmark (python -m flashlab.bench) over the native harness, on the CPU: the
 run plan, alternating rounds of Python callables, the fp64 check of a peer's outputs, the
-FLOP formula, the choice of peers, and a whole run. No GPU and no torch needed."""
+FLOP formula, the choice of peers, and a whole run. No GPU and no torch needed, but for the
+last test (marker `cuda`): the check and the timer wait for a peer's GPU work."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import types
@@ -328,3 +330,90 @@ def test_a_cpu_decode_run_with_rotary_checks_and_times_it(tmp_path, capsys):
     recs = json.loads((tmp_path / "bench.json").read_text())["results"]
     rotary = [r for r in recs if r["impl"] == "flashlab:cpu_flash+rotary"]
     assert len(rotary) == 1 and rotary[0]["status"] == "ok" and rotary[0]["gbps"] > 0
+
+
+# ---- CUDA: one stream for the harness and the peers ---------------------------------------------
+
+
+class _Stop(Exception):
+    pass
+
+
+def _fake_torch():
+    """torch's stream API as the sweep uses it: a current stream (at first the default one,
+    handle 0, as torch reports it), Stream() and the stream(s) context that makes s current."""
+    current = [types.SimpleNamespace(cuda_stream=0)]
+
+    @contextlib.contextmanager
+    def make_current(s):
+        before, current[0] = current[0], s
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    cuda = types.SimpleNamespace(Stream=lambda: types.SimpleNamespace(cuda_stream=0x5EED),
+                                 stream=make_current, current_stream=lambda device=None: current[0])
+    backends = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=types.SimpleNamespace()))
+    return types.SimpleNamespace(cuda=cuda, backends=backends), current
+
+
+def test_a_cuda_sweep_gives_the_harness_the_stream_its_peers_launch_on():
+    """The peers launch on torch's current stream; the harness must time and wait on that one.
+    Handed torch's default stream (0), Bench made a non-blocking stream of its own, and the
+    check read a peer's outputs before its kernels had run."""
+    torch, current = _fake_torch()
+    seen = []
+
+    class Native:
+        def __getattr__(self, name):
+            return getattr(native, name)
+
+        def Bench(self, p, timing, seed, threads, check, check_gflops, stream, progress):
+            seen.append((stream, current[0].cuda_stream))
+            raise _Stop
+
+    args = bench.parse_args(["--device", "cpu", "--decode", "--seqlens", "64", "--spin-up", "0",
+                             "--no-progress"])
+    args.device = "cuda"
+    with mock.patch.dict(sys.modules, {"torch": torch}), mock.patch.object(bench, "native", Native()):
+        with pytest.raises(_Stop):
+            bench.run(args, {})
+    assert seen == [(0x5EED, 0x5EED)]
+    assert current[0].cuda_stream == 0  # the sweep's stream is current only during the sweep
+
+
+@pytest.mark.cuda
+def test_the_check_and_the_timer_wait_for_a_peers_gpu_work():
+    """A peer whose output is written ~20 ms of GPU time after its call returns: the check
+    must read what it wrote, and its time must hold that wait."""
+    import torch
+
+    from flashlab import _bench_decode
+
+    cycles = 40_000_000
+    context, stream = bench.sweep_stream("cuda")
+    with context:
+        p = native.decode_problems([4096], 1, "bf16", "cuda", heads_q=8, heads_kv=2)[0]
+        b = native.Bench(p, _timing(warmup=1, iters=5, budget_ms=2000.0), seed=11, threads=1,
+                         check=True, check_gflops=4.0, stream=stream)
+        sets = bench.input_sets(b)
+        attend = _bench_decode.flashlab_runner("auto", p, sets)
+        late = torch.full_like(sets[0]["q"], float("nan"))  # the peer's output, NaN until written
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        stop.record()
+        stop.synchronize()
+        sleep_ms = start.elapsed_time(stop)
+
+        def slow(i):
+            out = attend(i)["out"]
+            torch.cuda._sleep(cycles)
+            late.copy_(out)
+            return {"out": late}
+
+        e = b.add("slow", slow)
+        assert e.row.status == "ok", e.row.reason
+        b.time([e])
+        assert e.row.status == "ok" and e.row.time_ms >= 0.8 * sleep_ms, (e.row.time_ms, sleep_ms)

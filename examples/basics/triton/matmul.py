@@ -36,7 +36,7 @@ import triton.language as tl
 
 
 @triton.jit
-def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K: tl.constexpr,
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
@@ -64,8 +64,11 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     # The accumulator is fp32 whatever the input type: bf16 products summed in bf16 would
     # keep 8 significant bits. It stays in registers for the whole K loop.
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
+    # K bounds the loop, so it is a constexpr: one compiled kernel per K, and a plain int for
+    # range() in the interpreter, which in Triton 3.6 cannot take a runtime scalar there under
+    # NumPy >= 2.4 (triton-lang/triton#9171).
+    for k in range(0, K, BLOCK_K):
+        k_left = K - k
         # Out-of-range rows, columns and the K tail read 0, which adds nothing to the sum.
         a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_left), other=0.0)
         b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & (offs_n[None, :] < N), other=0.0)

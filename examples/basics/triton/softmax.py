@@ -43,7 +43,10 @@ def softmax_fused(x_ptr, y_ptr, cols, stride, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def softmax_online(x_ptr, y_ptr, cols, stride, TILE: tl.constexpr):
+def softmax_online(x_ptr, y_ptr, stride, COLS: tl.constexpr, TILE: tl.constexpr):
+    # COLS bounds the loops, so it is a constexpr: one compiled kernel per row length, and a
+    # plain int for range() in the interpreter, which in Triton 3.6 cannot take a runtime
+    # scalar there under NumPy >= 2.4 (triton-lang/triton#9171).
     row = tl.program_id(axis=0).to(tl.int64)
     x_row = x_ptr + row * stride
     y_row = y_ptr + row * stride
@@ -51,16 +54,16 @@ def softmax_online(x_ptr, y_ptr, cols, stride, TILE: tl.constexpr):
     # The running pair: m the max so far, l = sum of exp(x - m) over the values seen so far.
     m = float("-inf")
     l = 0.0
-    for start in range(0, cols, TILE):
-        mask = start + offsets < cols
+    for start in range(0, COLS, TILE):
+        mask = start + offsets < COLS
         x = tl.load(x_row + start + offsets, mask=mask, other=float("-inf"))
         m_new = tl.maximum(m, tl.max(x, axis=0))  # finite: every tile holds a real value
         # Old terms move to the new reference point: exp(x_k - m) · exp(m - m_new). On the
         # first tile m = -inf and the factor is 0, which is what an empty sum needs.
         l = l * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
         m = m_new
-    for start in range(0, cols, TILE):
-        mask = start + offsets < cols
+    for start in range(0, COLS, TILE):
+        mask = start + offsets < COLS
         x = tl.load(x_row + start + offsets, mask=mask)
         tl.store(y_row + start + offsets, tl.exp(x - m) / l, mask=mask)
 
@@ -75,7 +78,7 @@ def fused(x: torch.Tensor, y: torch.Tensor) -> None:
 
 def online(x: torch.Tensor, y: torch.Tensor, tile: int = 1024) -> None:
     rows, cols = x.shape
-    softmax_online[(rows,)](x, y, cols, x.stride(0), TILE=tile, num_warps=4)
+    softmax_online[(rows,)](x, y, x.stride(0), COLS=cols, TILE=tile, num_warps=4)
 
 
 def inputs(rows: int, cols: int) -> np.ndarray:

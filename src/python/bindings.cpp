@@ -262,20 +262,25 @@ size_t forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb:
   Keep keep;
   KvCacheArgs a;
   fill_common(o, &a, &keep);
-  a.q = view(q, "q", &keep);
-  a.k_cache = view(k_cache, "k_cache", &keep);
-  a.v_cache = view(v_cache, "v_cache", &keep);
-  a.maybe_k_new = view(k_new, "k_new", &keep);
-  a.maybe_v_new = view(v_new, "v_new", &keep);
-  a.maybe_cache_seqlens = view(cache_seqlens, "cache_seqlens", &keep);
-  a.maybe_cache_batch_idx = view(cache_batch_idx, "cache_batch_idx", &keep);
-  a.maybe_block_table = view(block_table, "block_table", &keep);
-  a.maybe_cache_leftpad = view(cache_leftpad, "cache_leftpad", &keep);
-  a.maybe_rotary_cos = view(rotary_cos, "rotary_cos", &keep);
-  a.maybe_rotary_sin = view(rotary_sin, "rotary_sin", &keep);
+  const struct {
+    Tensor* field;
+    nb::handle array;
+    const char* name;
+  } views[] = {{&a.q, q, "q"},
+               {&a.k_cache, k_cache, "k_cache"},
+               {&a.v_cache, v_cache, "v_cache"},
+               {&a.maybe_k_new, k_new, "k_new"},
+               {&a.maybe_v_new, v_new, "v_new"},
+               {&a.maybe_cache_seqlens, cache_seqlens, "cache_seqlens"},
+               {&a.maybe_cache_batch_idx, cache_batch_idx, "cache_batch_idx"},
+               {&a.maybe_block_table, block_table, "block_table"},
+               {&a.maybe_cache_leftpad, cache_leftpad, "cache_leftpad"},
+               {&a.maybe_rotary_cos, rotary_cos, "rotary_cos"},
+               {&a.maybe_rotary_sin, rotary_sin, "rotary_sin"},
+               {&a.out, out, "out"},
+               {&a.maybe_lse, lse, "lse"}};
+  for (const auto& v : views) *v.field = view(v.array, v.name, &keep);
   a.rotary_interleaved = rotary_interleaved;
-  a.out = view(out, "out", &keep);
-  a.maybe_lse = view(lse, "lse", &keep);
   a.num_splits = o.num_splits;
   return size_or_run(a, size_only, flashlab::forward_kvcache);
 }

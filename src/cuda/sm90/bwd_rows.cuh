@@ -54,10 +54,8 @@ inline BwdRowsLayout bwd_rows_layout(const BwdParams& p, int block_m) {
 
 inline BwdRows bwd_rows(const BwdParams& p, int block_m) {
   const BwdRowsLayout l = bwd_rows_layout(p, block_m);
-  char* base = static_cast<char*>(p.workspace);
-  return {reinterpret_cast<float*>(base + l.dq_accum), reinterpret_cast<float*>(base + l.dsum),
-          reinterpret_cast<float*>(base + l.lse_log2),
-          int((int64_t(p.seqlen_q) + block_m - 1) / block_m * block_m)};
+  auto at = [&](size_t offset) { return reinterpret_cast<float*>(static_cast<char*>(p.workspace) + offset); };
+  return {at(l.dq_accum), at(l.dsum), at(l.lse_log2), int((int64_t(p.seqlen_q) + block_m - 1) / block_m * block_m)};
 }
 
 // grid (ceil(rows / 8), heads_q, batch), 256 threads: warp w takes row 8·blockIdx.x + w.

@@ -9,7 +9,7 @@ Every bad input raises ValueError or TypeError carrying the C++ Status message.
 from __future__ import annotations
 
 import sys
-from typing import Any, Literal, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Literal, Optional, Sequence, Tuple, Union, cast, overload
 
 from . import _flashlab
 from ._rotary import apply_rotary_emb
@@ -277,14 +277,27 @@ def flash_attn_varlen_func(q: Array, k: Array, v: Array, cu_seqlens_q: Array,
     over-estimate the longest sequence. cu_seqlens on the host are always checked; on a
     CUDA device only with `check_inputs=True` (a copy to the host and a sync on the current
     stream per call), else kernels clamp them to the packed tensors.
+
+    Paged KV (block_table int32 [batch, max_num_blocks_per_seq]): k/v are caches
+    [num_blocks, page_size, Hkv, D] (any page_size >= 1) and sequence b's keys are its first
+    cu_seqlens_k[b + 1] - cu_seqlens_k[b] rows of pages block_table[b][0], [1], ... The rows
+    used are gathered (copied) into packed k/v, then the varlen forward runs on them: the
+    kernels do not read pages. block_table and cu_seqlens_k are read and checked on the host
+    (CUDA ones are copied there). Forward only, as in FlashAttention-2: torch inputs are
+    detached, and when one of them required grad a backward through the output raises
+    RuntimeError.
     """
-    if block_table is not None:
-        raise ValueError("block_table: paged KV is not supported by this build")
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("cu_seqlens_q and cu_seqlens_k are required (int32 [batch + 1])")
-    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                      dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      deterministic, return_attn_probs, dropout_seed, kernel, check_inputs)
+
+    def run(q: Array, k: Array, v: Array) -> Output:
+        return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                          deterministic, return_attn_probs, dropout_seed, kernel, check_inputs)
+
+    if block_table is not None:
+        return cast(Output, _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, run))
+    return run(q, k, v)
 
 
 # The packed variants and the SDPA entry build on the functions above; shape errors of
@@ -300,3 +313,4 @@ from ._variants import (  # noqa: E402
 _attention = with_layout_hint(_attention)
 
 from ._kvcache import flash_attn_with_kvcache  # noqa: E402
+from ._paged import varlen_paged as _varlen_paged  # noqa: E402

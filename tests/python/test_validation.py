@@ -272,12 +272,6 @@ def test_max_seqlen():
     _expect(ValueError, r"max_seqlen_k must be >= 0", varlen, q, k, v, cu_q, cu_k, 5, -1)
 
 
-def test_block_table_is_refused():
-    q, k, v, cu_q, cu_k = _packed([4], [4])
-    _expect(ValueError, r"block_table: paged KV is not supported", varlen, q, k, v, cu_q, cu_k,
-            4, 4, block_table=np.zeros((1, 1), dtype=np.int32))
-
-
 # ---- backward (NumPy) ---------------------------------------------------------------------
 
 

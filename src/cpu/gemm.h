@@ -19,11 +19,19 @@
 
 namespace flashlab::cpu::FLASHLAB_CPU_ISA {
 
-// A 6 × 16 register block (12 accumulators, two AVX vectors wide) beats 5 × 16 and 4 × 16
-// on Zen3: it hides the FMA latency with loads to spare.
-constexpr int kMicroRows = 6;   // rows of C a micro-kernel keeps in registers
-constexpr int kMicroCols = 16;  // columns of C a micro-kernel keeps in registers (2 AVX vectors)
-static_assert(kMicroRows == 6, "gemm()'s remainder switch covers 1..kMicroRows-1 rows");
+// The register block of C a micro-kernel keeps: kMicroRows rows × kMicroCols columns.
+// SSE2/AVX2 (16 vector registers): 6 × 16, 12 accumulators two AVX vectors wide, which beat
+// 5 × 16 and 4 × 16 on Zen3 (it hides the FMA latency with loads to spare). AVX-512 (32
+// registers): 8 × 16, one zmm per row. On Zen 4 (forward, seqlen 2048, head dim 128, one
+// thread) it is 2–4% faster than 6 × 16, whose 64- and 128-row products end in a 4- or
+// 2-row remainder, and faster than 6 × 32, 8 × 32, 4 × 32 and 16 × 16 (docs/RESULTS.md).
+#if defined(__AVX512F__)
+constexpr int kMicroRows = 8;
+#else
+constexpr int kMicroRows = 6;
+#endif
+constexpr int kMicroCols = 16;  // columns of C a micro-kernel keeps in registers
+static_assert(kMicroRows <= 16, "micro_kernel() unrolls its row loops 16 deep");
 
 // ---- prefetching -------------------------------------------------------------------------
 
@@ -83,7 +91,7 @@ template <int R, bool kAccumulate, bool kATrans>
 inline void micro_kernel(const float* __restrict A, int64_t lda, const float* __restrict B,
                          int64_t ldb, float* __restrict C, int64_t ldc, int K, const float* c_scale) {
   float acc[R][kMicroCols];  // [R, kMicroCols] block of C
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     const float s = c_scale ? c_scale[r] : 1.f;
 #pragma omp simd
@@ -91,17 +99,28 @@ inline void micro_kernel(const float* __restrict A, int64_t lda, const float* __
   }
   for (int k = 0; k < K; ++k) {
     const float* b = B + k * ldb;
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float a = kATrans ? A[k * lda + r] : A[r * lda + k];
 #pragma omp simd
       for (int c = 0; c < kMicroCols; ++c) acc[r][c] += a * b[c];
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma omp simd
     for (int c = 0; c < kMicroCols; ++c) C[r * ldc + c] = acc[r][c];
+}
+
+// micro_kernel<left> for the last left < kMicroRows rows of a column chunk, with R the
+// largest row count still to try.
+template <int R, bool kAccumulate, bool kATrans>
+inline void remainder(int left, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
+                      int64_t ldc, int K, const float* c_scale) {
+  if constexpr (R > 0) {
+    if (left == R) return micro_kernel<R, kAccumulate, kATrans>(A, lda, B, ldb, C, ldc, K, c_scale);
+    remainder<R - 1, kAccumulate, kATrans>(left, A, lda, B, ldb, C, ldc, K, c_scale);
+  }
 }
 
 // What a gemm() does besides the product: request `pf_rows` rows of `pf`, spread evenly
@@ -135,17 +154,7 @@ inline void gemm(int rows, int cols, int K, const float* A, int64_t lda, const f
       }
       micro_kernel<kMicroRows, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K, scale(r));
     }
-    switch (rows - r) {
-#define FLASHLAB_REMAINDER(R)                                                                    \
-  case R: micro_kernel<R, kAccumulate, kATrans>(a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K, scale(r)); break;
-      FLASHLAB_REMAINDER(5)
-      FLASHLAB_REMAINDER(4)
-      FLASHLAB_REMAINDER(3)
-      FLASHLAB_REMAINDER(2)
-      FLASHLAB_REMAINDER(1)
-#undef FLASHLAB_REMAINDER
-      default: break;
-    }
+    if (r < rows) remainder<kMicroRows - 1, kAccumulate, kATrans>(rows - r, a_rows(r), lda, Bc, ldb, Cc + r * ldc, ldc, K, scale(r));
   }
 }
 

@@ -453,7 +453,8 @@ Status launch_bwd(const BwdParams& p, const BwdWorkspace& ws) {
 }
 
 // The per-(dtype, head dim) entry points that dispatch.cu calls (bwd_instance.h); each
-// instantiations/bwd_hdim*_*.cu file instantiates one.
+// instantiations/bwd_hdim*_*.cu file instantiates one. kernel() and smem_bytes() read as
+// FwdInstance's in fwd_kernel.cuh: each names its own pass's kernel and traits.
 template <DType kDtype, int kHeadDim>
 Status BwdInstance<kDtype, kHeadDim>::run(const BwdParams& p) {
   using Config = BwdConfig<kDtype, kHeadDim>;

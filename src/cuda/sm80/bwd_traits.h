@@ -138,6 +138,8 @@ struct BwdTraits {
 // Head dim 256 keeps one Q/dO buffer to stay under the 164 KiB an A100 block may use; where
 // a block may use 208 KiB (sm_90), its plain kernel (no softcap, no dropout) takes two
 // (TraitsLargeSmem, measured +3% on the H100).
+// Shaped as FwdConfig (fwd_traits.h), head-dim check included: each pass picks its own tiles,
+// warps and stages per head dim, so each keeps its own table.
 template <DType kDtype, int kHeadDim>
 struct BwdConfig {
   static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 192 ||

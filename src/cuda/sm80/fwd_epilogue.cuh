@@ -30,8 +30,9 @@ __device__ __forceinline__ void fwd_epilogue(const FwdParams& p, const cuda::Fwd
   float lse[kRows];
   softmax.finish(o, scale_log2, kDropout ? p.dropout.rescale : 1.f, lse);
 
-  // LSE: the lane holding column 0 of a row writes it. The Hopper epilogue has the same
-  // lines over its wgmma accumulator, a different layout type behind the same calls.
+  // LSE: the lane holding column 0 of a row writes it. sm90/fwd_epilogue.cuh's store_output
+  // has the same lines over its wgmma accumulator, a different layout type behind the same
+  // calls; each epilogue keeps its copy so that it reads whole.
   auto thr_mma = tiled_mma.get_thread_slice(tid);
   Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<BlkM, HeadDim>{}));  // (MMA, MMA_M, MMA_D)
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));          // (rows, cols)

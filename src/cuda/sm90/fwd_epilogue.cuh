@@ -46,7 +46,8 @@ __device__ __forceinline__ void store_output(const FwdParams& p, const EpilogueP
   typename Tr::TiledMmaPV mma_pv;
   auto thr_pv = mma_pv.get_thread_slice(ctid);
 
-  // ---- LSE ---- (the same lines as the sm80 epilogue's, over a wgmma accumulator)
+  // ---- LSE ---- (the same lines as sm80/fwd_epilogue.cuh's fwd_epilogue, over a wgmma
+  // accumulator; each epilogue keeps its copy so that it reads whole)
   Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<typename Tr::BlkM, HeadDim>{}));  // (MMA, MMA_M, MMA_D)
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (rows, cols)
   if (p.lse != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {

@@ -8,9 +8,10 @@
 #
 # Where the wheel goes: build/cuda-wheel/dist/ (build/cuda-wheel-cpu/ with --cpu). Beside it:
 # cmake/ the CMake build, kept, so that running the script again rebuilds only what changed;
-# raw/ pip's wheel before the repair; venv/ the smoke test's environment; logs/. When $OUT is
-# set (the device tool's folder), the logs and the wheel go there as well: the wheel whole up
-# to 16 MiB, else in 15 MiB parts (`cat NAME.part* > NAME`), with its SHA-256.
+# raw/ pip's wheel before the repair; venv/ the smoke test's environment; logs/. When $OUT
+# names a folder (the artifact folder of a remote or CI job), the logs and the wheel go there
+# as well, with its SHA-256: the wheel whole up to 16 MiB, else in 15 MiB parts
+# (`cat NAME.part* > NAME`) for transports that limit a file's size.
 #
 # How long it takes: nvcc is nearly all of it. The default build compiles 37 CUDA translation
 # units for both sm_80 and sm_90a (the runtime, the ladder, cute_fa2's dispatch and its 30

@@ -9,6 +9,7 @@
 #include "cuda/head_dims.h"
 #include "cuda/refusals.h"
 #include "cuda/sm90/bwd_instance.h"
+#include "cuda/sm90/fwd_dispatch.h"
 
 namespace flashlab::sm90 {
 namespace {
@@ -45,17 +46,21 @@ std::string supports_bwd(const BwdParams& p) {
   FL_REFUSE_IF(cuda::refuse_grid_heads_batch(p));
   if (p.varlen) return "varlen (cu_seqlens) is not supported yet by the Hopper backward";
   if (p.deterministic) return "the deterministic mode is not supported yet by the Hopper backward";
-  const int64_t es = 2;  // fp16 or bf16
-  auto tma_ok = [&](const void* ptr, int64_t row, int64_t head, int64_t batch) {
-    auto ok = [&](int64_t s) { return s * es > 0 && s * es % 16 == 0 && s * es < (int64_t(1) << 40); };
-    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && ok(row) && (p.heads_q == 1 || ok(head)) &&
-           (p.batch == 1 || ok(batch));
-  };
-  if (!tma_ok(p.q, p.q_row_stride, p.q_head_stride, p.q_batch_stride) ||
-      !tma_ok(p.k, p.k_row_stride, p.k_head_stride, p.k_batch_stride) ||
-      !tma_ok(p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride) ||
-      !tma_ok(p.dout, p.do_row_stride, p.do_head_stride, p.do_batch_stride))
-    return "q, k, v and dout need 16-byte aligned pointers and strides (TMA tensor maps)";
+  // Q, dO, K and V as the launch maps them (bwd_kernel.cuh). With no key the kernel is not
+  // launched; with no query row Q and dO get K's map.
+  constexpr int kElemBytes = 2;  // fp16 or bf16
+  if (p.seqlen_k > 0) {
+    FL_REFUSE_IF(tma_rules("k", p.k, kElemBytes, p.seqlen_k, p.k_row_stride, p.heads_kv, p.k_head_stride,
+                           p.batch, p.k_batch_stride));
+    FL_REFUSE_IF(tma_rules("v", p.v, kElemBytes, p.seqlen_k, p.v_row_stride, p.heads_kv, p.v_head_stride,
+                           p.batch, p.v_batch_stride));
+    if (p.seqlen_q > 0) {
+      FL_REFUSE_IF(tma_rules("q", p.q, kElemBytes, p.seqlen_q, p.q_row_stride, p.heads_q, p.q_head_stride,
+                             p.batch, p.q_batch_stride));
+      FL_REFUSE_IF(tma_rules("dout", p.dout, kElemBytes, p.seqlen_q, p.do_row_stride, p.heads_q,
+                             p.do_head_stride, p.batch, p.do_batch_stride));
+    }
+  }
   int major = 0, minor = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device_index) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, p.device_index) != cudaSuccess) {

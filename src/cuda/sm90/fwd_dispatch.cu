@@ -18,6 +18,24 @@
 #include "cuda/sm90/fwd_dispatch.h"
 
 namespace flashlab::sm90 {
+
+std::string tma_rules(const char* name, const void* ptr, int elem_bytes, int64_t rows,
+                      int64_t row_stride, int heads, int64_t head_stride, int batch,
+                      int64_t batch_stride) {
+  const std::string n(name);
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+    return n + " must be 16-byte aligned (TMA tensor map)";
+  if (rows > INT32_MAX) return n + " has more than 2^31 rows";
+  auto bad = [&](int64_t extent, int64_t stride) {
+    const int64_t bytes = stride * elem_bytes;
+    return extent > 1 && (bytes <= 0 || bytes % 16 != 0 || bytes >= (int64_t(1) << 40));
+  };
+  if (bad(rows, row_stride)) return n + "'s row stride must be a positive multiple of 16 bytes (TMA)";
+  if (bad(heads, head_stride)) return n + "'s head stride must be a positive multiple of 16 bytes (TMA)";
+  if (bad(batch, batch_stride)) return n + "'s batch stride must be a positive multiple of 16 bytes (TMA)";
+  return "";
+}
+
 namespace {
 
 // The summary `flashlab list` shows; the registry entry closes this file.
@@ -51,25 +69,6 @@ Instance instance_for(const FwdParams& p) {
     case 128: return of_dtype<128>(fp16);
     default: return of_dtype<256>(fp16);
   }
-}
-
-// A tensor map's rules for one tensor: a 16-byte-aligned base, and every stride of a mode
-// with more than one index (rows, heads, batch) a nonzero multiple of 16 bytes below 2^40.
-std::string tma_rules(const char* name, const void* ptr, int elem_bytes, int64_t rows,
-                      int64_t row_stride, int heads, int64_t head_stride, int batch,
-                      int64_t batch_stride) {
-  const std::string n(name);
-  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
-    return n + " must be 16-byte aligned (TMA tensor map)";
-  if (rows > INT32_MAX) return n + " has more than 2^31 rows";
-  auto bad = [&](int64_t extent, int64_t stride) {
-    const int64_t bytes = stride * elem_bytes;
-    return extent > 1 && (bytes <= 0 || bytes % 16 != 0 || bytes >= (int64_t(1) << 40));
-  };
-  if (bad(rows, row_stride)) return n + "'s row stride must be a positive multiple of 16 bytes (TMA)";
-  if (bad(heads, head_stride)) return n + "'s head stride must be a positive multiple of 16 bytes (TMA)";
-  if (bad(batch, batch_stride)) return n + "'s batch stride must be a positive multiple of 16 bytes (TMA)";
-  return "";
 }
 
 // Q, K, V and O against tma_rules, as the launch maps them (varlen: every sequence packed in

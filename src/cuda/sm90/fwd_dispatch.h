@@ -1,5 +1,6 @@
 // What the registry entries of the Hopper forward share: cute_fa3's (fwd_dispatch.cu) and its
-// schedule ablations' (ablations.cu, FLASHLAB_ABLATIONS builds only). Host code, no CuTe.
+// schedule ablations' (ablations.cu, FLASHLAB_ABLATIONS builds only), and the tensor-map rules
+// the backward's dispatch (bwd_dispatch.cu) checks too. Host code, no CuTe.
 #pragma once
 
 #include <string>
@@ -29,5 +30,12 @@ std::string supports_instance(const FwdParams& p, const Instance& in);
 
 // Launches `in` on p's device and stream.
 Status run_instance(const FwdParams& p, const Instance& in);
+
+// A tensor map's rules for one tensor of `rows` × heads × batch rows (the forward's and the
+// backward's maps alike): a 16-byte-aligned base, and every stride of a mode with more than
+// one index a nonzero multiple of 16 bytes below 2^40; "" or the rule `name` breaks.
+std::string tma_rules(const char* name, const void* ptr, int elem_bytes, int64_t rows,
+                      int64_t row_stride, int heads, int64_t head_stride, int batch,
+                      int64_t batch_stride);
 
 }  // namespace flashlab::sm90

@@ -44,21 +44,24 @@ std::string supports_bwd(const BwdParams& p) {
   FL_REFUSE_IF(cuda::refuse_head_dim(p.head_dim, kHeadDims,
                                      "128 (the Hopper backward's instances; other head dims run on cute_fa2)"));
   FL_REFUSE_IF(cuda::refuse_grid_heads_batch(p));
-  if (p.varlen) return "varlen (cu_seqlens) is not supported yet by the Hopper backward";
   if (p.deterministic) return "the deterministic mode is not supported yet by the Hopper backward";
-  // Q, dO, K and V as the launch maps them (bwd_kernel.cuh). With no key the kernel is not
-  // launched; with no query row Q and dO get K's map.
+  // Q, dO, K and V as the launch maps them (bwd_kernel.cuh; varlen: every sequence packed in
+  // rows, one "batch"). With no key the kernel is not launched; with no query row Q and dO
+  // get K's map.
   constexpr int kElemBytes = 2;  // fp16 or bf16
-  if (p.seqlen_k > 0) {
-    FL_REFUSE_IF(tma_rules("k", p.k, kElemBytes, p.seqlen_k, p.k_row_stride, p.heads_kv, p.k_head_stride,
-                           p.batch, p.k_batch_stride));
-    FL_REFUSE_IF(tma_rules("v", p.v, kElemBytes, p.seqlen_k, p.v_row_stride, p.heads_kv, p.v_head_stride,
-                           p.batch, p.v_batch_stride));
-    if (p.seqlen_q > 0) {
-      FL_REFUSE_IF(tma_rules("q", p.q, kElemBytes, p.seqlen_q, p.q_row_stride, p.heads_q, p.q_head_stride,
-                             p.batch, p.q_batch_stride));
-      FL_REFUSE_IF(tma_rules("dout", p.dout, kElemBytes, p.seqlen_q, p.do_row_stride, p.heads_q,
-                             p.do_head_stride, p.batch, p.do_batch_stride));
+  const int64_t q_rows = p.varlen ? p.total_q : p.seqlen_q;
+  const int64_t kv_rows = p.varlen ? p.total_k : p.seqlen_k;
+  const int batch = p.varlen ? 1 : p.batch;
+  if (kv_rows > 0) {
+    FL_REFUSE_IF(tma_rules("k", p.k, kElemBytes, kv_rows, p.k_row_stride, p.heads_kv, p.k_head_stride,
+                           batch, p.k_batch_stride));
+    FL_REFUSE_IF(tma_rules("v", p.v, kElemBytes, kv_rows, p.v_row_stride, p.heads_kv, p.v_head_stride,
+                           batch, p.v_batch_stride));
+    if (q_rows > 0) {
+      FL_REFUSE_IF(tma_rules("q", p.q, kElemBytes, q_rows, p.q_row_stride, p.heads_q, p.q_head_stride,
+                             batch, p.q_batch_stride));
+      FL_REFUSE_IF(tma_rules("dout", p.dout, kElemBytes, q_rows, p.do_row_stride, p.heads_q,
+                             p.do_head_stride, batch, p.do_batch_stride));
     }
   }
   int major = 0, minor = 0;

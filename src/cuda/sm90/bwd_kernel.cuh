@@ -1,7 +1,7 @@
 // The Hopper backward kernel (`cute_fa3`'s backward, sm_90a) and its launch: preprocess,
 // main kernel, postprocess (bwd_rows.cuh), on the caller's stream.
 //
-// One CTA per (key block of 128 keys, KV head, batch entry): warpgroup 0's first thread
+// One CTA per (key block of 128 keys, KV head, batch entry; varlen: of the longest sequence): warpgroup 0's first thread
 // loads K and V once (one mbarrier) and then, per step, Q and dO with their rows' LSE and D
 // through two TMA rings; warpgroups 1 and 2 each own 64 of the keys and, per step, run the
 // five MMAs of bwd_traits.h, keeping dK and dV in registers until the end. A step is one
@@ -11,7 +11,7 @@
 // fp32 accumulator with one bulk reduce-add; the postprocess scales and rounds it.
 //
 // What this version leaves out, and refuses (bwd_dispatch.cu): head dims other than 128,
-// varlen, the deterministic mode, dropout.
+// the deterministic mode, dropout.
 #pragma once
 
 #include <climits>
@@ -41,6 +41,7 @@ struct BwdKernelParams {
   typename Tr::TmaKV tma_k;
   typename Tr::TmaKV tma_v;
   BwdRows ws;
+  int q_rows, kv_rows, batch;  // the tensor maps' extents: varlen (total_q, total_k, 1)
 };
 
 // The steps of the CTA that owns key block n_block: for each query head of its KV head's
@@ -49,11 +50,12 @@ struct BwdKernelParams {
 struct BwdSteps {
   int m_begin = 0, per_head = 0, total = 0;
 
-  __device__ BwdSteps(const BwdParams& p, int n_block, int block_m, int block_n) {
-    const int64_t off = int64_t(p.seqlen_k) - p.seqlen_q;
+  __device__ BwdSteps(const BwdParams& p, const cuda::SeqInfo& seq, int n_block, int block_m, int block_n) {
+    const int64_t off = int64_t(seq.len_k) - seq.len_q;
     const int64_t j0 = int64_t(n_block) * block_n;
-    const int64_t j1 = j0 + block_n < p.seqlen_k ? j0 + block_n : p.seqlen_k;
-    int64_t lo = 0, hi = p.seqlen_q;
+    if (j0 >= seq.len_k) return;  // varlen: a sequence shorter than the longest
+    const int64_t j1 = j0 + block_n < seq.len_k ? j0 + block_n : seq.len_k;
+    int64_t lo = 0, hi = seq.len_q;
     if (p.mask.window_right >= 0) lo = j0 - off - p.mask.window_right > 0 ? j0 - off - p.mask.window_right : 0;
     if (p.mask.window_left >= 0 && j1 - off + p.mask.window_left < hi) hi = j1 - off + p.mask.window_left;
     if (lo >= hi) return;
@@ -77,7 +79,8 @@ __device__ __forceinline__ void bulk_reduce_add(float* gmem, const float* smem, 
 template <class Tr>
 __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
                                          typename Tr::PipelineQ& pipeline_q,
-                                         typename Tr::PipelineQ& pipeline_do, const BwdSteps& steps) {
+                                         typename Tr::PipelineQ& pipeline_do, const BwdSteps& steps,
+                                         const cuda::SeqInfo& seq) {
   using BlkM = typename Tr::BlkM;
   using BlkN = typename Tr::BlkN;
   using HeadDim = typename Tr::HeadDim;
@@ -85,12 +88,16 @@ __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename
   const BwdParams& p = kp.p;
   const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
   const int D = Tr::kHeadDim;
-  Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(p.seqlen_q, D, p.heads_q, p.batch));
-  Tensor mDo = kp.tma_do.get_tma_tensor(make_shape(p.seqlen_q, D, p.heads_q, p.batch));
-  Tensor mK = kp.tma_k.get_tma_tensor(make_shape(p.seqlen_k, D, p.heads_kv, p.batch));
-  Tensor mV = kp.tma_v.get_tma_tensor(make_shape(p.seqlen_k, D, p.heads_kv, p.batch));
-  Tensor gK = local_tile(mK(_, _, h_kv, b), Shape<BlkN, HeadDim>{}, make_coord(n_block, _0{}));  // (BLK_N, D)
-  Tensor gV = local_tile(mV(_, _, h_kv, b), Shape<BlkN, HeadDim>{}, make_coord(n_block, _0{}));  // (BLK_N, D)
+  // Varlen: every sequence packed in rows, one "batch", offset by the sequence's start.
+  const int bq = p.varlen ? 0 : b;
+  Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(kp.q_rows, D, p.heads_q, kp.batch));
+  Tensor mDo = kp.tma_do.get_tma_tensor(make_shape(kp.q_rows, D, p.heads_q, kp.batch));
+  Tensor mK = kp.tma_k.get_tma_tensor(make_shape(kp.kv_rows, D, p.heads_kv, kp.batch));
+  Tensor mV = kp.tma_v.get_tma_tensor(make_shape(kp.kv_rows, D, p.heads_kv, kp.batch));
+  Tensor mK_seq = domain_offset(make_coord(int(seq.start_k), _0{}), mK(_, _, h_kv, bq));  // (len_k, D)
+  Tensor mV_seq = domain_offset(make_coord(int(seq.start_k), _0{}), mV(_, _, h_kv, bq));  // (len_k, D)
+  Tensor gK = local_tile(mK_seq, Shape<BlkN, HeadDim>{}, make_coord(n_block, _0{}));  // (BLK_N, D)
+  Tensor gV = local_tile(mV_seq, Shape<BlkN, HeadDim>{}, make_coord(n_block, _0{}));  // (BLK_N, D)
 
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});      // (BLK_M, D, STAGES)
   Tensor sDo = make_tensor(make_smem_ptr(ss.dout.data()), typename Tr::SmemLayoutDo{});  // (BLK_M, D, STAGES)
@@ -118,8 +125,10 @@ __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename
   };
   for (int s = 0; s < steps.total; ++s) {
     const int h = steps.head(s, h_kv, p.group), m = steps.m_block(s);
-    Tensor gQ = local_tile(mQ(_, _, h, b), Shape<BlkM, HeadDim>{}, make_coord(m, _0{}));    // (BLK_M, D)
-    Tensor gDo = local_tile(mDo(_, _, h, b), Shape<BlkM, HeadDim>{}, make_coord(m, _0{}));  // (BLK_M, D)
+    Tensor mQ_seq = domain_offset(make_coord(int(seq.start_q), _0{}), mQ(_, _, h, bq));    // (len_q, D)
+    Tensor mDo_seq = domain_offset(make_coord(int(seq.start_q), _0{}), mDo(_, _, h, bq));  // (len_q, D)
+    Tensor gQ = local_tile(mQ_seq, Shape<BlkM, HeadDim>{}, make_coord(m, _0{}));    // (BLK_M, D)
+    Tensor gDo = local_tile(mDo_seq, Shape<BlkM, HeadDim>{}, make_coord(m, _0{}));  // (BLK_M, D)
     auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                       group_modes<0, 2>(gQ));  // (TMA), (TMA, STAGES)
     auto [tDogDo, tDosDo] = tma_partition(kp.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sDo),
@@ -169,12 +178,13 @@ struct BwdScores {
   const BwdParams& p;
   const float* lse_log2;
   const float* dsum;
-  int i0, j0, lo, hi;
+  int i0, j0, len_k, lo, hi;
   bool full;
 
-  __device__ BwdScores(const BwdParams& p_, const float* lse, const float* ds, int i0_, int j0_)
-      : p(p_), lse_log2(lse), dsum(ds), i0(i0_), j0(j0_) {
-    const int len_q = p.seqlen_q, len_k = p.seqlen_k, off = len_k - len_q;
+  __device__ BwdScores(const BwdParams& p_, const cuda::SeqInfo& seq, const float* lse, const float* ds,
+                       int i0_, int j0_)
+      : p(p_), lse_log2(lse), dsum(ds), i0(i0_), j0(j0_), len_k(seq.len_k) {
+    const int len_q = seq.len_q, off = len_k - len_q;
     full = j0 + kN <= len_k &&
            (!p.mask.is_local() ||
             p.mask.tile_is_full(i0, i0 + kM < len_q ? i0 + kM : len_q, j0, j0 + kN, len_q, len_k));
@@ -187,7 +197,7 @@ struct BwdScores {
       return true;
     } else {
       const int j = j0 + get<0>(tScS(e)), d = j - (i0 + get<1>(tScS(e)));
-      return (j < p.seqlen_k) & (d >= lo) & (d <= hi);
+      return (j < len_k) & (d >= lo) & (d <= hi);
     }
   }
   // Calls f with the tile's kind: whether the mask test is needed.
@@ -245,7 +255,7 @@ template <class Tr>
 __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
                                             typename Tr::PipelineQ& pipeline_q,
                                             typename Tr::PipelineQ& pipeline_do, const BwdSteps& steps,
-                                            int ctid) {
+                                            const cuda::SeqInfo& seq, int ctid) {
   using cutlass::arch::NamedBarrier;
   using Element = typename Tr::Element;
   using BlkM = typename Tr::BlkM;
@@ -254,7 +264,7 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   constexpr int kM = Tr::kBlockM, kN = Tr::kBlockN;
   const BwdParams& p = kp.p;
   const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
-  const int len_k = p.seqlen_k;
+  const int len_k = seq.len_k;
 
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});       // (BLK_M, D, STAGES)
   Tensor sDo = make_tensor(make_smem_ptr(ss.dout.data()), typename Tr::SmemLayoutDo{});  // (BLK_M, D, STAGES)
@@ -301,7 +311,7 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     warpgroup_gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, st), acc_s);
     pipeline_do.consumer_wait(state_do);
     warpgroup_gemm_issue<true>(mma_sdp, tSrV, tSrDo(_, _, _, st), acc_dp);
-    const BwdScores<Tr> scores(p, ss.lse_log2.data() + st * kM, ss.dsum.data() + st * kM,
+    const BwdScores<Tr> scores(p, seq, ss.lse_log2.data() + st * kM, ss.dsum.data() + st * kM,
                                steps.m_block(s) * kM, n_block * kN);
     const bool softcap = p.mask.softcap > 0.f;
     if (softcap) {
@@ -352,8 +362,10 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   }
 
   // ---- epilogue: dK = scale · Σ dSᵀ Q, dV; rows past the sequence are not written ----
-  Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + h_kv * p.dk_head_stride;
-  Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + h_kv * p.dv_head_stride;
+  Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + seq.start_k * p.dk_row_stride +
+                h_kv * p.dk_head_stride;
+  Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + seq.start_k * p.dv_row_stride +
+                h_kv * p.dv_head_stride;
   CUTE_UNROLL
   for (int e = 0; e < size(acc_dk); ++e) {
     const int key = n_block * kN + get<0>(tDkvcDkv(e)), d = get<1>(tDkvcDkv(e));
@@ -373,7 +385,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   auto& ss = *reinterpret_cast<typename Tr::SharedStorage*>(smem);
   const int warp_group = cutlass::canonical_warp_group_idx();
   const bool producer = warp_group == 0;
-  const BwdSteps steps(kp.p, blockIdx.x, Tr::kBlockM, Tr::kBlockN);
+  const cuda::SeqInfo seq = cuda::seq_info(kp.p, blockIdx.z);
+  const BwdSteps steps(kp.p, seq, blockIdx.x, Tr::kBlockM, Tr::kBlockN);
 
   if (threadIdx.x == 0) cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
   // A stage holds a tile and its rows' LSE (or D).
@@ -386,11 +399,11 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Tr::kProducerRegs>();
     const int warp = cutlass::canonical_warp_idx_sync();
-    if (warp == 0 && threadIdx.x == 0 && steps.total > 0) bwd_load<Tr>(kp, ss, pipeline_q, pipeline_do, steps);
+    if (warp == 0 && threadIdx.x == 0 && steps.total > 0) bwd_load<Tr>(kp, ss, pipeline_q, pipeline_do, steps, seq);
     if (warp == 1 && steps.total > 0) bwd_store_dq<Tr>(kp, ss, steps);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Tr::kConsumerRegs>();
-    bwd_consume<Tr>(kp, ss, pipeline_q, pipeline_do, steps, int(threadIdx.x) - 128);
+    bwd_consume<Tr>(kp, ss, pipeline_q, pipeline_do, steps, seq, int(threadIdx.x) - 128);
   }
 }
 
@@ -406,6 +419,8 @@ __global__ void __launch_bounds__(Tr::kNConsumerThreads)
   constexpr int kLd = kD + 4;  // a row of the staged tile, padded (16-byte aligned rows)
   __shared__ __align__(16) float tile[kM * kLd];
   const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
+  const cuda::SeqInfo seq = cuda::seq_info(p, b);
+  if (m * kM >= seq.len_q) return;  // varlen: a sequence shorter than the longest
   typename Tr::TiledMmaDq mma_dq;
   Tensor c = mma_dq.get_thread_slice(t).partition_C(
       make_identity_tensor(Shape<typename Tr::BlkM, typename Tr::HeadDim>{}));  // (MMA, MMA_M, MMA_D)
@@ -419,13 +434,14 @@ __global__ void __launch_bounds__(Tr::kNConsumerThreads)
     tile[get<0>(c(e + 3)) * kLd + get<1>(c(e + 3))] = v.w;
   }
   __syncthreads();
-  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + h * p.dq_head_stride;
+  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + seq.start_q * p.dq_row_stride +
+                h * p.dq_head_stride;
   const bool vec = reinterpret_cast<uintptr_t>(dq) % 16 == 0 && p.dq_row_stride % 8 == 0;
   CUTE_UNROLL
   for (int it = 0; it < kM * kD / 8 / kThreads; ++it) {
     const int chunk = it * kThreads + t, r = chunk / (kD / 8), c8 = chunk % (kD / 8) * 8;
     const int i = m * kM + r;
-    if (i >= p.seqlen_q) continue;
+    if (i >= seq.len_q) continue;
     alignas(16) Element out[8];
     CUTE_UNROLL
     for (int j = 0; j < 8; ++j) out[j] = Element(tile[r * kLd + c8 + j] * p.scale);
@@ -451,6 +467,10 @@ Status launch_bwd(const BwdParams& p) {
     FL_CUDA_CHECK_LAUNCH();
   }
   if (p.seqlen_k > 0) {
+    // Varlen: all sequences packed in rows, one "batch" (the kernel offsets by cu_seqlens).
+    const int q_rows = p.varlen ? int(p.total_q) : p.seqlen_q;
+    const int kv_rows = p.varlen ? int(p.total_k) : p.seqlen_k;
+    const int batch = p.varlen ? 1 : p.batch;
     // With no query row no Q or dO copy is issued, but the maps must still be valid ones:
     // they then describe K's memory.
     auto tensor = [&](const void* ptr, int rows, int64_t row_stride, int heads, int64_t head_stride,
@@ -458,23 +478,26 @@ Status launch_bwd(const BwdParams& p) {
       constexpr int64_t k16 = 16 / int64_t(sizeof(Element));
       auto fix = [](int extent, int64_t stride) { return extent == 1 ? k16 : stride; };
       return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
-                         make_layout(make_shape(rows, int(Tr::kHeadDim), heads, p.batch),
+                         make_layout(make_shape(rows, int(Tr::kHeadDim), heads, batch),
                                      make_stride(fix(rows, row_stride), _1{}, fix(heads, head_stride),
-                                                 fix(p.batch, batch_stride))));
+                                                 fix(batch, batch_stride))));
     };
-    auto k = tensor(p.k, p.seqlen_k, p.k_row_stride, p.heads_kv, p.k_head_stride, p.k_batch_stride);
-    auto v = tensor(p.v, p.seqlen_k, p.v_row_stride, p.heads_kv, p.v_head_stride, p.v_batch_stride);
-    const bool no_q = p.seqlen_q == 0;
-    auto q = no_q ? k : tensor(p.q, p.seqlen_q, p.q_row_stride, p.heads_q, p.q_head_stride, p.q_batch_stride);
+    auto k = tensor(p.k, kv_rows, p.k_row_stride, p.heads_kv, p.k_head_stride, p.k_batch_stride);
+    auto v = tensor(p.v, kv_rows, p.v_row_stride, p.heads_kv, p.v_head_stride, p.v_batch_stride);
+    const bool no_q = q_rows == 0;
+    auto q = no_q ? k : tensor(p.q, q_rows, p.q_row_stride, p.heads_q, p.q_head_stride, p.q_batch_stride);
     auto dout = no_q ? k
-                     : tensor(p.dout, p.seqlen_q, p.do_row_stride, p.heads_q, p.do_head_stride,
+                     : tensor(p.dout, q_rows, p.do_row_stride, p.heads_q, p.do_head_stride,
                               p.do_batch_stride);
     const BwdKernelParams<Tr> kp{p,
                                  make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Tr::SmemLayoutQ{})),
                                  make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename Tr::SmemLayoutDo{})),
                                  make_tma_copy(SM90_TMA_LOAD{}, k, typename Tr::SmemLayoutK{}),
                                  make_tma_copy(SM90_TMA_LOAD{}, v, typename Tr::SmemLayoutV{}),
-                                 ws};
+                                 ws,
+                                 no_q ? kv_rows : q_rows,
+                                 kv_rows,
+                                 batch};
     const auto kernel = bwd_kernel<Tr>;
     FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Tr::kSmemBytes));

@@ -13,6 +13,7 @@
 
 #include "common/constants.h"
 #include "common/params.h"
+#include "cuda/common.cuh"
 
 namespace flashlab::sm90 {
 
@@ -21,8 +22,8 @@ namespace flashlab::sm90 {
 //   dq_accum [batch, heads_q, rows, D] fp32   dQ before the scale, summed over key blocks;
 //                                             each block of kBlockM rows in the order of
 //                                             BwdTraits::dq_slot
-//   dsum     [batch, heads_q, rows]   fp32    D_i = rowsum(dO ∘ O); 0 past seqlen_q
-//   lse_log2 [batch, heads_q, rows]   fp32    LSE·log2 e; +inf past seqlen_q and for a row
+//   dsum     [batch, heads_q, rows]   fp32    D_i = rowsum(dO ∘ O); 0 past the sequence
+//   lse_log2 [batch, heads_q, rows]   fp32    LSE·log2 e; +inf past the sequence and for a row
 //                                             that saw no key, so that its P is 0
 struct BwdRows {
   float* dq_accum;
@@ -69,18 +70,20 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const __grid_consta
   float* dq = ws.dq_accum + r * kHeadDim;
   for (int d = lane; d < kHeadDim; d += 32) dq[d] = 0.f;
   float dsum = 0.f;
-  if (i < p.seqlen_q) {
-    const Element* o = static_cast<const Element*>(p.out) + b * p.o_batch_stride +
-                       int64_t(i) * p.o_row_stride + h * p.o_head_stride;
+  const cuda::SeqInfo seq = cuda::seq_info(p, b);  // varlen: rows past this sequence are padding
+  const int64_t row = seq.start_q + i;
+  if (i < seq.len_q) {
+    const Element* o = static_cast<const Element*>(p.out) + b * p.o_batch_stride + row * p.o_row_stride +
+                       h * p.o_head_stride;
     const Element* dout = static_cast<const Element*>(p.dout) + b * p.do_batch_stride +
-                          int64_t(i) * p.do_row_stride + h * p.do_head_stride;
+                          row * p.do_row_stride + h * p.do_head_stride;
     for (int d = lane; d < kHeadDim; d += 32) dsum += float(o[d]) * float(dout[d]);
   }
   for (int s = 16; s > 0; s /= 2) dsum += __shfl_xor_sync(0xffffffffu, dsum, s);
   if (lane == 0) {
     ws.dsum[r] = dsum;
     const float lse =
-        i < p.seqlen_q ? p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] : -INFINITY;
+        i < seq.len_q ? p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row] : -INFINITY;
     ws.lse_log2[r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
   }
 }

@@ -1,5 +1,5 @@
-// cute_fa2's backward beyond the registry suite (kernels_gpu_test.cpp runs every case of its
-// table through it already): the deterministic mode. Twenty backward runs with
+// The tensor-core backwards beyond the registry suite (kernels_gpu_test.cpp runs every case of
+// its table through them already): the deterministic mode of cute_fa2 and cute_fa3. Twenty backward runs with
 // deterministic = true must give bitwise-equal dQ, dK and dV, on shapes where many key
 // blocks add into each query row (GQA, causal, a ragged end, varlen with an empty
 // sequence), and those gradients must pass docs/DESIGN.md's rule like the default mode's.
@@ -23,10 +23,10 @@ struct Grads {
   std::vector<std::byte> dq, dk, dv;
 };
 
-void check_deterministic(const std::string& name, const Problem& p) {
-  SCOPED_TRACE("case '" + name + "': " + p.describe());
+void check_deterministic(const std::string& kernel, const std::string& name, const Problem& p) {
+  SCOPED_TRACE(kernel + ", case '" + name + "': " + p.describe());
   FLASHLAB_SEED_TRACE();
-  std::mt19937_64 rng = rng_for("CuteFa2Bwd/deterministic/" + name);
+  std::mt19937_64 rng = rng_for(kernel + "/deterministic/" + name);
   Inputs in = make_inputs(p, rng);
   HostTensor out = make_out(p), lse = make_lse(p);
   HostTensor dq = make_like_q(p), dk = make_like_kv(p, p.head_dim),
@@ -38,7 +38,7 @@ void check_deterministic(const std::string& name, const Problem& p) {
   ASSERT_TRUE(where.ok());
 
   ForwardArgs fa = forward_args(p, q, k, v, out_d, lse_d, cu_q, cu_k);
-  fa.kernel = "cute_fa2";
+  fa.kernel = "auto";
   fa.stream = where.stream();
   size_t bytes = 0;
   ASSERT_OK(workspace_size(fa, &bytes));
@@ -52,7 +52,7 @@ void check_deterministic(const std::string& name, const Problem& p) {
     dv.poison();
     BackwardArgs a = backward_args(p, q, k, v, out_d, dout_d, lse_d, where.place(dq),
                                    where.place(dk), where.place(dv), cu_q, cu_k);
-    a.kernel = "cute_fa2";
+    a.kernel = kernel;
     a.stream = where.stream();
     a.deterministic = deterministic;
     size_t ws = 0;
@@ -101,12 +101,31 @@ class CuteFa2BwdTest : public GpuTest {};
 
 TEST_F(CuteFa2BwdTest, DeterministicIsBitwiseReproducible) {
   // 1000 queries × 1000 keys: 16 key blocks add into each of 16 query blocks; GQA 4:1.
-  check_deterministic("bf16_gqa4_causal_1000",
+  check_deterministic("cute_fa2", "bf16_gqa4_causal_1000",
                       dense(DType::kBF16, 2, 1000, 1000, 8, 2, 128).make_causal());
-  check_deterministic("fp16_mqa_window_2000",
+  check_deterministic("cute_fa2", "fp16_mqa_window_2000",
                       dense(DType::kF16, 1, 300, 2000, 4, 1, 64).window(700, 200));
-  check_deterministic("bf16_varlen_empty_hdim256",
+  check_deterministic("cute_fa2", "bf16_varlen_empty_hdim256",
                       varlen(DType::kBF16, {300, 0, 517}, {700, 64, 517}, 4, 2, 256));
+}
+
+// cute_fa3's backward (head dim 128): its dQ warp adds each query block's partial sums in
+// ascending key-block order. Needs an sm_90 device; elsewhere the kernel refuses and the test
+// says why.
+TEST_F(CuteFa2BwdTest, Fa3DeterministicIsBitwiseReproducible) {
+  bool built = false;
+  for (const KernelInfo& k : kernels()) built = built || (k.name == "cute_fa3" && k.has_backward);
+  if (!built) GTEST_SKIP() << "this build has no cute_fa3 backward";
+  int device = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  if (major != 9) GTEST_SKIP() << "cute_fa3 needs an sm_90 device (this one is sm_" << major << "x)";
+  check_deterministic("cute_fa3", "bf16_gqa4_causal_1000",
+                      dense(DType::kBF16, 2, 1000, 1000, 8, 2, 128).make_causal());
+  check_deterministic("cute_fa3", "fp16_mqa_window_2000",
+                      dense(DType::kF16, 1, 300, 2000, 4, 1, 128).window(700, 200));
+  check_deterministic("cute_fa3", "bf16_varlen_empty",
+                      varlen(DType::kBF16, {300, 0, 517}, {700, 64, 517}, 4, 2, 128));
 }
 
 #endif  // FLASHLAB_WITH_CUDA

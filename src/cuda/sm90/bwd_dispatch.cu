@@ -44,7 +44,6 @@ std::string supports_bwd(const BwdParams& p) {
   FL_REFUSE_IF(cuda::refuse_head_dim(p.head_dim, kHeadDims,
                                      "128 (the Hopper backward's instances; other head dims run on cute_fa2)"));
   FL_REFUSE_IF(cuda::refuse_grid_heads_batch(p));
-  if (p.deterministic) return "the deterministic mode is not supported yet by the Hopper backward";
   // Q, dO, K and V as the launch maps them (bwd_kernel.cuh; varlen: every sequence packed in
   // rows, one "batch"). With no key the kernel is not launched; with no query row Q and dO
   // get K's map.

@@ -10,8 +10,11 @@
 // step's dQ goes through shared memory to warpgroup 0's second warp, which adds it to the
 // fp32 accumulator with one bulk reduce-add; the postprocess scales and rounds it.
 //
+// Deterministic mode: the dQ warp adds each query block's partial sums in ascending order of
+// key blocks, through a turn counter per (batch, head, query block) (bwd_turn).
+//
 // What this version leaves out, and refuses (bwd_dispatch.cu): head dims other than 128,
-// the deterministic mode, dropout.
+// dropout.
 #pragma once
 
 #include <climits>
@@ -65,7 +68,35 @@ struct BwdSteps {
   }
   __device__ int head(int step, int h_kv, int group) const { return h_kv * group + step / per_head; }
   __device__ int m_block(int step) const { return m_begin + step % per_head; }
+  __device__ bool visits(int m) const { return total > 0 && m >= m_begin && m < m_begin + per_head; }
 };
+
+// The deterministic mode's order: the key blocks that add into query block m do so in
+// ascending order, so that block n waits for the count of earlier visitors. The visitors of m
+// are a contiguous range of key blocks (the steps' bounds grow with n), which ends at n, so a
+// binary search for its first member gives the count.
+__device__ __forceinline__ int bwd_turn(const BwdParams& p, const cuda::SeqInfo& seq, int n_block, int m,
+                                        int block_m, int block_n) {
+  int lo = 0, hi = n_block;  // the first visitor is in [lo, hi]
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (BwdSteps(p, seq, mid, block_m, block_n).visits(m))
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return n_block - lo;
+}
+
+// The deterministic mode's counters: a load that acquires, an add that releases (GPU scope).
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
 
 // One bulk reduce-add of `bytes` from shared to global memory (fp32), in the issuing
 // thread's bulk async-group.
@@ -142,20 +173,33 @@ __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename
 // ---- producer warp 1: each step's dQ from shared memory into the fp32 accumulator -------
 template <class Tr>
 __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
-                                             const BwdSteps& steps) {
+                                             const BwdSteps& steps, const cuda::SeqInfo& seq) {
   using cutlass::arch::NamedBarrier;
   constexpr int kBlock = Tr::kBlockM * Tr::kHeadDim;
-  const int h_kv = blockIdx.y, b = blockIdx.z;
+  const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
   const bool leader = threadIdx.x % 32 == 0;
+  const bool ordered = kp.ws.dq_turn != nullptr;
   NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
   for (int s = 0; s < steps.total; ++s) {
     NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::kDqFullBarrier);
     if (leader) {
       const int h = steps.head(s, h_kv, kp.p.group), m = steps.m_block(s);
       float* dst = kp.ws.dq_accum + (kp.ws.row(kp.p, b, h) + int64_t(m) * Tr::kBlockM) * Tr::kHeadDim;
+      int* turn = ordered ? kp.ws.turn(kp.p, b, h, m) : nullptr;
+      if (ordered) {  // wait for the earlier key blocks' adds to be done and visible
+        const int mine = bwd_turn(kp.p, seq, n_block, m, Tr::kBlockM, Tr::kBlockN);
+        while (ld_acquire(turn) != mine) __nanosleep(64);
+        asm volatile("fence.proxy.async.global;\n" ::: "memory");
+      }
       bulk_reduce_add(dst, ss.dq.data(), kBlock * int(sizeof(float)));
       tma_store_arrive();
-      tma_store_wait<0>();  // the stage has been read
+      if (ordered) {  // this block's add is written before the next one may start
+        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        asm volatile("fence.proxy.async.global;\n" ::: "memory");
+        red_release_add(turn, 1);
+      } else {
+        tma_store_wait<0>();  // the stage has been read
+      }
     }
     __syncwarp();
     if (s + 1 < steps.total) NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
@@ -400,7 +444,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<Tr::kProducerRegs>();
     const int warp = cutlass::canonical_warp_idx_sync();
     if (warp == 0 && threadIdx.x == 0 && steps.total > 0) bwd_load<Tr>(kp, ss, pipeline_q, pipeline_do, steps, seq);
-    if (warp == 1 && steps.total > 0) bwd_store_dq<Tr>(kp, ss, steps);
+    if (warp == 1 && steps.total > 0) bwd_store_dq<Tr>(kp, ss, steps, seq);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Tr::kConsumerRegs>();
     bwd_consume<Tr>(kp, ss, pipeline_q, pipeline_do, steps, seq, int(threadIdx.x) - 128);

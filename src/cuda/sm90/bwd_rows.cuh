@@ -25,20 +25,27 @@ namespace flashlab::sm90 {
 //   dsum     [batch, heads_q, rows]   fp32    D_i = rowsum(dO ∘ O); 0 past the sequence
 //   lse_log2 [batch, heads_q, rows]   fp32    LSE·log2 e; +inf past the sequence and for a row
 //                                             that saw no key, so that its P is 0
+//   dq_turn  [batch, heads_q, rows / block_m] int  deterministic mode only: how many key blocks
+//                                             have added into the query block
 struct BwdRows {
   float* dq_accum;
   float* dsum;
   float* lse_log2;
-  int rows;
+  int* dq_turn;  // deterministic: [batch, heads_q, rows / block_m] key blocks added, else null
+  int rows, block_m;
 
   __host__ __device__ int64_t row(const BwdParams& p, int b, int h) const {
     return (int64_t(b) * p.heads_q + h) * rows;
+  }
+  // The turn counter of query block m of (b, h).
+  __host__ __device__ int* turn(const BwdParams& p, int b, int h, int m) const {
+    return dq_turn + row(p, b, h) / block_m + m;
   }
 };
 
 // Byte offsets in the caller's workspace, each array on its own 256 bytes.
 struct BwdRowsLayout {
-  size_t dq_accum = 0, dsum = 0, lse_log2 = 0, total = 0;
+  size_t dq_accum = 0, dsum = 0, lse_log2 = 0, dq_turn = 0, total = 0;
 };
 
 inline BwdRowsLayout bwd_rows_layout(const BwdParams& p, int block_m) {
@@ -49,14 +56,18 @@ inline BwdRowsLayout bwd_rows_layout(const BwdParams& p, int block_m) {
   BwdRowsLayout l;
   l.dsum = aligned(all_rows * size_t(p.head_dim) * sizeof(float));
   l.lse_log2 = l.dsum + aligned(all_rows * sizeof(float));
-  l.total = l.lse_log2 + aligned(all_rows * sizeof(float));
+  l.dq_turn = l.lse_log2 + aligned(all_rows * sizeof(float));
+  l.total = l.dq_turn + (p.deterministic ? aligned(all_rows / block_m * sizeof(int)) : 0);
   return l;
 }
 
 inline BwdRows bwd_rows(const BwdParams& p, int block_m) {
   const BwdRowsLayout l = bwd_rows_layout(p, block_m);
-  auto at = [&](size_t offset) { return reinterpret_cast<float*>(static_cast<char*>(p.workspace) + offset); };
-  return {at(l.dq_accum), at(l.dsum), at(l.lse_log2), int((int64_t(p.seqlen_q) + block_m - 1) / block_m * block_m)};
+  char* base = static_cast<char*>(p.workspace);
+  auto at = [&](size_t offset) { return reinterpret_cast<float*>(base + offset); };
+  return {at(l.dq_accum), at(l.dsum), at(l.lse_log2),
+          p.deterministic ? reinterpret_cast<int*>(base + l.dq_turn) : nullptr,
+          int((int64_t(p.seqlen_q) + block_m - 1) / block_m * block_m), block_m};
 }
 
 // grid (ceil(rows / 8), heads_q, batch), 256 threads: warp w takes row 8·blockIdx.x + w.
@@ -69,6 +80,7 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const __grid_consta
   const int64_t r = ws.row(p, b, h) + i;
   float* dq = ws.dq_accum + r * kHeadDim;
   for (int d = lane; d < kHeadDim; d += 32) dq[d] = 0.f;
+  if (ws.dq_turn != nullptr && lane == 0 && i % ws.block_m == 0) *ws.turn(p, b, h, i / ws.block_m) = 0;
   float dsum = 0.f;
   const cuda::SeqInfo seq = cuda::seq_info(p, b);  // varlen: rows past this sequence are padding
   const int64_t row = seq.start_q + i;

@@ -126,6 +126,11 @@ TEST_F(CuteFa2BwdTest, Fa3DeterministicIsBitwiseReproducible) {
                       dense(DType::kF16, 1, 300, 2000, 4, 1, 128).window(700, 200));
   check_deterministic("cute_fa3", "bf16_varlen_empty",
                       varlen(DType::kBF16, {300, 0, 517}, {700, 64, 517}, 4, 2, 128));
+  check_deterministic("cute_fa3", "fp16_causal_sq_gt_sk",
+                      dense(DType::kF16, 2, 1000, 300, 4, 4, 128).make_causal());
+  // More CTAs than SMs (16 key blocks × 16 heads × 4): the turns then span waves.
+  check_deterministic("cute_fa3", "bf16_causal_multiwave",
+                      dense(DType::kBF16, 4, 2048, 2048, 16, 16, 128).make_causal());
 }
 
 #endif  // FLASHLAB_WITH_CUDA

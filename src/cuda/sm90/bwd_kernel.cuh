@@ -73,8 +73,9 @@ struct BwdSteps {
 
 // The deterministic mode's order: the key blocks that add into query block m do so in
 // ascending order, so that block n waits for the count of earlier visitors. The visitors of m
-// are a contiguous range of key blocks (the steps' bounds grow with n), which ends at n, so a
-// binary search for its first member gives the count.
+// are a contiguous range of key blocks (both ends of a key block's query range grow with n,
+// and a key block without steps can only come before or after every visitor), which contains
+// n, so a binary search for its first member gives the count.
 __device__ __forceinline__ int bwd_turn(const BwdParams& p, const cuda::SeqInfo& seq, int n_block, int m,
                                         int block_m, int block_n) {
   int lo = 0, hi = n_block;  // the first visitor is in [lo, hi]
@@ -181,28 +182,31 @@ __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, type
   const bool ordered = kp.ws.dq_turn != nullptr;
   NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
   for (int s = 0; s < steps.total; ++s) {
+    // The step's turn (deterministic), found while the consumers still compute its dQ.
+    const int mine = ordered && leader ? bwd_turn(kp.p, seq, n_block, steps.m_block(s), Tr::kBlockM,
+                                                  Tr::kBlockN)
+                                       : 0;
+    int* turn = nullptr;
     NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::kDqFullBarrier);
     if (leader) {
       const int h = steps.head(s, h_kv, kp.p.group), m = steps.m_block(s);
       float* dst = kp.ws.dq_accum + (kp.ws.row(kp.p, b, h) + int64_t(m) * Tr::kBlockM) * Tr::kHeadDim;
-      int* turn = ordered ? kp.ws.turn(kp.p, b, h, m) : nullptr;
+      turn = ordered ? kp.ws.turn(kp.p, b, h, m) : nullptr;
       if (ordered) {  // wait for the earlier key blocks' adds to be done and visible
-        const int mine = bwd_turn(kp.p, seq, n_block, m, Tr::kBlockM, Tr::kBlockN);
         while (ld_acquire(turn) != mine) __nanosleep(64);
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
       }
       bulk_reduce_add(dst, ss.dq.data(), kBlock * int(sizeof(float)));
       tma_store_arrive();
-      if (ordered) {  // this block's add is written before the next one may start
-        asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-        asm volatile("fence.proxy.async.global;\n" ::: "memory");
-        red_release_add(turn, 1);
-      } else {
-        tma_store_wait<0>();  // the stage has been read
-      }
+      tma_store_wait<0>();  // the stage has been read
     }
     __syncwarp();
     if (s + 1 < steps.total) NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
+    if (ordered && leader) {  // this block's add is written before the next one may start
+      asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+      red_release_add(turn, 1);
+    }
   }
   if (leader) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // and written
 }
@@ -294,6 +298,26 @@ struct BwdScores {
   }
 };
 
+// Varlen packs every sequence into one tensor map, so a tile that runs past its sequence's end
+// holds the next sequence's rows (or whatever follows the last one) where a padded batch's
+// map gives zeros. Their P and dS are 0 by selection, but the MMAs still multiply those zeros
+// by the rows (0 · NaN = NaN), so the consumers zero the rows from `valid` on in each shared
+// tile first, then make the writes visible to the wgmma (async proxy) reads of both
+// warpgroups.
+template <class Tr, class... SmemTiles>
+__device__ __forceinline__ void bwd_zero_rows(int valid, int ctid, SmemTiles... tiles) {
+  auto zero = [&](auto tile) {  // (rows, D)
+    constexpr int kRows = decltype(size<0>(tile))::value, kCols = decltype(size<1>(tile))::value;
+    for (int e = ctid; e < kRows * kCols; e += Tr::kNConsumerThreads) {
+      const int r = e / kCols, c = e % kCols;
+      if (r >= valid) tile(r, c) = typename Tr::Element(0.f);
+    }
+  };
+  (zero(tiles), ...);
+  cutlass::arch::fence_view_async_shared();
+  cutlass::arch::NamedBarrier::sync(Tr::kNConsumerThreads, Tr::kZeroedBarrier);
+}
+
 // ---- consumers: warpgroups 1 and 2 ----------------------------------------------------------
 template <class Tr>
 __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
@@ -346,12 +370,17 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
 
   typename Tr::PipelineState state_q, state_do;  // stage 0, phase 0
   if (steps.total > 0) cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_kv, 0);
+  if (p.varlen && steps.total > 0 && (n_block + 1) * kN > len_k) bwd_zero_rows<Tr>(len_k - n_block * kN, ctid, sK, sV);
   for (int s = 0; s < steps.total; ++s) {
     const int st = state_q.index();  // the Q and dO rings advance together
     const int ds_st = s % Tr::kStages;
     Tensor acc_s = partition_fragment_C(mma_sdp, Shape<BlkN, BlkM>{});   // (MMA, MMA_N, MMA_M): Sᵀ
     Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<BlkN, BlkM>{});  // dPᵀ
     pipeline_q.consumer_wait(state_q);
+    if (const int i0 = steps.m_block(s) * kM; p.varlen && i0 + kM > seq.len_q) {  // a ragged last block
+      pipeline_do.consumer_wait(state_do);
+      bwd_zero_rows<Tr>(seq.len_q - i0, ctid, sQ(_, _, st), sDo(_, _, st));
+    }
     warpgroup_gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, st), acc_s);
     pipeline_do.consumer_wait(state_do);
     warpgroup_gemm_issue<true>(mma_sdp, tSrV, tSrDo(_, _, _, st), acc_dp);

@@ -52,6 +52,8 @@ struct BwdTraits {
   static constexpr int kDqFullBarrier = 1;
   static constexpr int kDqEmptyBarrier = 2;
   static constexpr int kDqBarrierThreads = kNConsumerThreads + 32;
+  // Varlen: the consumers have zeroed a tile's rows past its sequence (bwd_kernel.cuh).
+  static constexpr int kZeroedBarrier = 3;
 
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // query rows per step

@@ -165,7 +165,7 @@ __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename
                                       group_modes<0, 2>(gQ));  // (TMA), (TMA, STAGES)
     auto [tDogDo, tDosDo] = tma_partition(kp.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sDo),
                                           group_modes<0, 2>(gDo));  // (TMA), (TMA, STAGES)
-    const int64_t rows = kp.ws.row(p, b, h) + int64_t(m) * kM;
+    const int64_t rows = kp.ws.row(p, seq, b, h) + int64_t(m) * kM;
     load(pipeline_q, state_q, kp.tma_q, tQgQ, tQsQ, kp.ws.lse_log2 + rows, ss.lse_log2.data());
     load(pipeline_do, state_do, kp.tma_do, tDogDo, tDosDo, kp.ws.dsum + rows, ss.dsum.data());
   }
@@ -190,8 +190,8 @@ __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, type
     NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::kDqFullBarrier);
     if (leader) {
       const int h = steps.head(s, h_kv, kp.p.group), m = steps.m_block(s);
-      float* dst = kp.ws.dq_accum + (kp.ws.row(kp.p, b, h) + int64_t(m) * Tr::kBlockM) * Tr::kHeadDim;
-      turn = ordered ? kp.ws.turn(kp.p, b, h, m) : nullptr;
+      float* dst = kp.ws.dq_accum + (kp.ws.row(kp.p, seq, b, h) + int64_t(m) * Tr::kBlockM) * Tr::kHeadDim;
+      turn = ordered ? kp.ws.turn(kp.p, seq, b, h, m) : nullptr;
       if (ordered) {  // wait for the earlier key blocks' adds to be done and visible
         while (ld_acquire(turn) != mine) __nanosleep(64);
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
@@ -497,7 +497,7 @@ __global__ void __launch_bounds__(Tr::kNConsumerThreads)
   typename Tr::TiledMmaDq mma_dq;
   Tensor c = mma_dq.get_thread_slice(t).partition_C(
       make_identity_tensor(Shape<typename Tr::BlkM, typename Tr::HeadDim>{}));  // (MMA, MMA_M, MMA_D)
-  const float* acc = ws.dq_accum + (ws.row(p, b, h) + int64_t(m) * kM) * kD;
+  const float* acc = ws.dq_accum + (ws.row(p, seq, b, h) + int64_t(m) * kM) * kD;
   CUTE_UNROLL
   for (int e = 0; e < size(c); e += 4) {
     const float4 v = *reinterpret_cast<const float4*>(acc + Tr::dq_slot(t, e));
@@ -534,8 +534,9 @@ Status launch_bwd(const BwdParams& p) {
   using Element = typename Tr::Element;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   const BwdRows ws = bwd_rows(p, Tr::kBlockM);
-  const dim3 rows_grid((ws.rows + 7) / 8, p.heads_q, p.batch);
-  if (ws.rows > 0) {
+  const int rows_per_seq = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM * Tr::kBlockM;
+  const dim3 rows_grid((rows_per_seq + 7) / 8, p.heads_q, p.batch);
+  if (rows_per_seq > 0) {
     bwd_preprocess_kernel<Element, Tr::kHeadDim><<<rows_grid, 256, 0, stream>>>(p, ws);
     FL_CUDA_CHECK_LAUNCH();
   }

@@ -17,31 +17,42 @@
 
 namespace flashlab::sm90 {
 
-// Row i of (batch b, head h) is row (b·heads_q + h)·rows + i of each array, rows = seqlen_q
-// rounded up to whole query blocks, so that the main kernel's last block needs no guard.
-//   dq_accum [batch, heads_q, rows, D] fp32   dQ before the scale, summed over key blocks;
-//                                             each block of kBlockM rows in the order of
-//                                             BwdTraits::dq_slot
-//   dsum     [batch, heads_q, rows]   fp32    D_i = rowsum(dO ∘ O); 0 past the sequence
-//   lse_log2 [batch, heads_q, rows]   fp32    LSE·log2 e; +inf past the sequence and for a row
-//                                             that saw no key, so that its P is 0
-//   dq_turn  [batch, heads_q, rows / block_m] int  deterministic mode only: how many key blocks
-//                                             have added into the query block
+// Rows are packed per head like the sequences: row i of (batch b, head h) is row
+// h·rows + start(b) + i of each array, where start(b) is the sequence's first packed row
+// (cu_seqlens_q[b], or b·seqlen_q) plus b·block_m, rounded down to a whole query block, so
+// that every sequence's blocks (its last one whole) are disjoint and 16-byte aligned, and
+// rows = total_q + batch·block_m rounded up to a block. A varlen batch needs no more than its
+// tokens and a block per sequence.
+//   dq_accum [heads_q, rows, D] fp32   dQ before the scale, summed over key blocks; each
+//                                      block of block_m rows in the order of BwdTraits::dq_slot
+//   dsum     [heads_q, rows]   fp32    D_i = rowsum(dO ∘ O); 0 past the sequence
+//   lse_log2 [heads_q, rows]   fp32    LSE·log2 e; +inf past the sequence and for a row that
+//                                      saw no key, so that its P is 0
+//   dq_turn  [heads_q, rows / block_m] int  deterministic mode only: how many key blocks have
+//                                      added into the query block
 struct BwdRows {
   float* dq_accum;
   float* dsum;
   float* lse_log2;
-  int* dq_turn;  // deterministic: [batch, heads_q, rows / block_m] key blocks added, else null
-  int rows, block_m;
+  int* dq_turn;  // deterministic: [heads_q, rows / block_m] key blocks added, else null
+  int64_t rows;
+  int block_m;
 
-  __host__ __device__ int64_t row(const BwdParams& p, int b, int h) const {
-    return (int64_t(b) * p.heads_q + h) * rows;
+  // The first row of (b, h); `seq` is cuda::seq_info(p, b).
+  __device__ int64_t row(const BwdParams& p, const cuda::SeqInfo& seq, int b, int h) const {
+    const int64_t start = p.varlen ? seq.start_q : int64_t(b) * p.seqlen_q;
+    return h * rows + (start + int64_t(b) * block_m) / block_m * block_m;
   }
   // The turn counter of query block m of (b, h).
-  __host__ __device__ int* turn(const BwdParams& p, int b, int h, int m) const {
-    return dq_turn + row(p, b, h) / block_m + m;
+  __device__ int* turn(const BwdParams& p, const cuda::SeqInfo& seq, int b, int h, int m) const {
+    return dq_turn + row(p, seq, b, h) / block_m + m;
   }
 };
+
+inline int64_t bwd_packed_rows(const BwdParams& p, int block_m) {
+  const int64_t total = p.varlen ? p.total_q : int64_t(p.batch) * p.seqlen_q;
+  return (total + int64_t(p.batch) * block_m + block_m - 1) / block_m * block_m;
+}
 
 // Byte offsets in the caller's workspace, each array on its own 256 bytes.
 struct BwdRowsLayout {
@@ -51,8 +62,7 @@ struct BwdRowsLayout {
 inline BwdRowsLayout bwd_rows_layout(const BwdParams& p, int block_m) {
   constexpr size_t kAlign = 256;
   auto aligned = [](size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
-  const size_t rows = (size_t(p.seqlen_q) + block_m - 1) / block_m * block_m;
-  const size_t all_rows = size_t(p.batch) * size_t(p.heads_q) * rows;
+  const size_t all_rows = size_t(p.heads_q) * size_t(bwd_packed_rows(p, block_m));
   BwdRowsLayout l;
   l.dsum = aligned(all_rows * size_t(p.head_dim) * sizeof(float));
   l.lse_log2 = l.dsum + aligned(all_rows * sizeof(float));
@@ -67,22 +77,23 @@ inline BwdRows bwd_rows(const BwdParams& p, int block_m) {
   auto at = [&](size_t offset) { return reinterpret_cast<float*>(base + offset); };
   return {at(l.dq_accum), at(l.dsum), at(l.lse_log2),
           p.deterministic ? reinterpret_cast<int*>(base + l.dq_turn) : nullptr,
-          int((int64_t(p.seqlen_q) + block_m - 1) / block_m * block_m), block_m};
+          bwd_packed_rows(p, block_m), block_m};
 }
 
-// grid (ceil(rows / 8), heads_q, batch), 256 threads: warp w takes row 8·blockIdx.x + w.
+// grid (ceil(seqlen_q / 8), heads_q, batch), 256 threads: warp w takes row 8·blockIdx.x + w
+// of the sequence's whole query blocks (rows past the sequence are the last block's padding).
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const __grid_constant__ BwdParams p,
                                                              BwdRows ws) {
   const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
   const int i = blockIdx.x * 8 + threadIdx.x / 32;
-  if (i >= ws.rows) return;
-  const int64_t r = ws.row(p, b, h) + i;
+  const cuda::SeqInfo seq = cuda::seq_info(p, b);
+  if (i >= (seq.len_q + ws.block_m - 1) / ws.block_m * ws.block_m) return;
+  const int64_t r = ws.row(p, seq, b, h) + i;
   float* dq = ws.dq_accum + r * kHeadDim;
   for (int d = lane; d < kHeadDim; d += 32) dq[d] = 0.f;
-  if (ws.dq_turn != nullptr && lane == 0 && i % ws.block_m == 0) *ws.turn(p, b, h, i / ws.block_m) = 0;
+  if (ws.dq_turn != nullptr && lane == 0 && i % ws.block_m == 0) *ws.turn(p, seq, b, h, i / ws.block_m) = 0;
   float dsum = 0.f;
-  const cuda::SeqInfo seq = cuda::seq_info(p, b);  // varlen: rows past this sequence are padding
   const int64_t row = seq.start_q + i;
   if (i < seq.len_q) {
     const Element* o = static_cast<const Element*>(p.out) + b * p.o_batch_stride + row * p.o_row_stride +

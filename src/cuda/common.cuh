@@ -114,4 +114,15 @@ Status dispatch_dtype(DType dtype, F&& f) {
   }
 }
 
+// Device-scope acquire load and release add of a turn counter (the backwards' deterministic
+// modes: key blocks take turns adding into a query block's dQ).
+__device__ __forceinline__ int load_acquire(const int* ptr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void add_release(int* ptr, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
+}
+
 }  // namespace flashlab::cuda

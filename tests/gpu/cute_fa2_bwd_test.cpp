@@ -99,19 +99,22 @@ void check_deterministic(const std::string& kernel, const std::string& name, con
 
 class CuteFa2BwdTest : public GpuTest {};
 
+struct DeterministicCase {
+  const char* name;
+  Problem problem;
+};
+
 TEST_F(CuteFa2BwdTest, DeterministicIsBitwiseReproducible) {
   // 1000 queries × 1000 keys: 16 key blocks add into each of 16 query blocks; GQA 4:1.
-  check_deterministic("cute_fa2", "bf16_gqa4_causal_1000",
-                      dense(DType::kBF16, 2, 1000, 1000, 8, 2, 128).make_causal());
-  check_deterministic("cute_fa2", "fp16_mqa_window_2000",
-                      dense(DType::kF16, 1, 300, 2000, 4, 1, 64).window(700, 200));
-  check_deterministic("cute_fa2", "bf16_varlen_empty_hdim256",
-                      varlen(DType::kBF16, {300, 0, 517}, {700, 64, 517}, 4, 2, 256));
+  const DeterministicCase cases[] = {
+      {"bf16_gqa4_causal_1000", dense(DType::kBF16, 2, 1000, 1000, 8, 2, 128).make_causal()},
+      {"fp16_mqa_window_2000", dense(DType::kF16, 1, 300, 2000, 4, 1, 64).window(700, 200)},
+      {"bf16_varlen_empty_hdim256", varlen(DType::kBF16, {300, 0, 517}, {700, 64, 517}, 4, 2, 256)}};
+  for (const DeterministicCase& c : cases) check_deterministic("cute_fa2", c.name, c.problem);
 }
 
 // cute_fa3's backward (head dim 128): its dQ warp adds each query block's partial sums in
-// ascending key-block order. Needs an sm_90 device; elsewhere the kernel refuses and the test
-// says why.
+// ascending key-block order. Needs an sm_90 device; elsewhere the test says why it skips.
 TEST_F(CuteFa2BwdTest, Fa3DeterministicIsBitwiseReproducible) {
   bool built = false;
   for (const KernelInfo& k : kernels()) built = built || (k.name == "cute_fa3" && k.has_backward);
@@ -120,17 +123,14 @@ TEST_F(CuteFa2BwdTest, Fa3DeterministicIsBitwiseReproducible) {
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
   if (major != 9) GTEST_SKIP() << "cute_fa3 needs an sm_90 device (this one is sm_" << major << "x)";
-  check_deterministic("cute_fa3", "bf16_gqa4_causal_1000",
-                      dense(DType::kBF16, 2, 1000, 1000, 8, 2, 128).make_causal());
-  check_deterministic("cute_fa3", "fp16_mqa_window_2000",
-                      dense(DType::kF16, 1, 300, 2000, 4, 1, 128).window(700, 200));
-  check_deterministic("cute_fa3", "bf16_varlen_empty",
-                      varlen(DType::kBF16, {300, 0, 517}, {700, 64, 517}, 4, 2, 128));
-  check_deterministic("cute_fa3", "fp16_causal_sq_gt_sk",
-                      dense(DType::kF16, 2, 1000, 300, 4, 4, 128).make_causal());
-  // More CTAs than SMs (16 key blocks × 16 heads × 4): the turns then span waves.
-  check_deterministic("cute_fa3", "bf16_causal_multiwave",
-                      dense(DType::kBF16, 4, 2048, 2048, 16, 16, 128).make_causal());
+  const DeterministicCase cases[] = {
+      {"bf16_gqa4_causal_1000", dense(DType::kBF16, 2, 1000, 1000, 8, 2, 128).make_causal()},
+      {"fp16_mqa_window_2000", dense(DType::kF16, 1, 300, 2000, 4, 1, 128).window(700, 200)},
+      {"bf16_varlen_empty", varlen(DType::kBF16, {300, 0, 517}, {700, 64, 517}, 4, 2, 128)},
+      {"fp16_causal_sq_gt_sk", dense(DType::kF16, 2, 1000, 300, 4, 4, 128).make_causal()},
+      // More CTAs than SMs (16 key blocks × 16 heads × 4): the turns then span waves.
+      {"bf16_causal_multiwave", dense(DType::kBF16, 4, 2048, 2048, 16, 16, 128).make_causal()}};
+  for (const DeterministicCase& c : cases) check_deterministic("cute_fa3", c.name, c.problem);
 }
 
 #endif  // FLASHLAB_WITH_CUDA

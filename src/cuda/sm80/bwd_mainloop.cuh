@@ -63,21 +63,12 @@ __device__ __forceinline__ void add_dq_quads(float4* dq_chunk, AccDq const& acc_
 }
 
 // ---- deterministic mode: key blocks take turns on a query block ---------------------------
-// Device-scope acquire load and release add of a turn counter (deterministic mode).
-__device__ __forceinline__ int load_acquire(const int* ptr) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(ptr) : "memory");
-  return v;
-}
-__device__ __forceinline__ void add_release(int* ptr, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
-}
 
 // The CTA waits until `turn` (the query block's counter, reset by the preprocess) reaches
 // `mine`, its key block's place among those that see the query block: first key block first.
 __device__ __forceinline__ void wait_turn(const int* turn, int mine, int tid) {
   if (tid == 0)
-    while (load_acquire(turn) != mine) {
+    while (cuda::load_acquire(turn) != mine) {
     }
   __syncthreads();
 }
@@ -85,7 +76,7 @@ __device__ __forceinline__ void wait_turn(const int* turn, int mine, int tid) {
 __device__ __forceinline__ void pass_turn(int* turn, int tid) {
   __threadfence();
   __syncthreads();  // every thread's adds are done (and visible) ...
-  if (tid == 0) add_release(turn, 1);  // ... before the next key block's turn
+  if (tid == 0) cuda::add_release(turn, 1);  // ... before the next key block's turn
 }
 
 }  // namespace flashlab::sm80

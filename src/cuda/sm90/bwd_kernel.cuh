@@ -89,16 +89,6 @@ __device__ __forceinline__ int bwd_turn(const BwdParams& p, const cuda::SeqInfo&
   return n_block - lo;
 }
 
-// The deterministic mode's counters: a load that acquires, an add that releases (GPU scope).
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release_add(int* p, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
 // One bulk reduce-add of `bytes` from shared to global memory (fp32), in the issuing
 // thread's bulk async-group.
 __device__ __forceinline__ void bulk_reduce_add(float* gmem, const float* smem, int bytes) {
@@ -193,7 +183,7 @@ __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, type
       float* dst = kp.ws.dq_accum + (kp.ws.row(kp.p, seq, b, h) + int64_t(m) * Tr::kBlockM) * Tr::kHeadDim;
       turn = ordered ? kp.ws.turn(kp.p, seq, b, h, m) : nullptr;
       if (ordered) {  // wait for the earlier key blocks' adds to be done and visible
-        while (ld_acquire(turn) != mine) __nanosleep(64);
+        while (cuda::load_acquire(turn) != mine) __nanosleep(64);
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
       }
       bulk_reduce_add(dst, ss.dq.data(), kBlock * int(sizeof(float)));
@@ -205,7 +195,7 @@ __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, type
     if (ordered && leader) {  // this block's add is written before the next one may start
       asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
       asm volatile("fence.proxy.async.global;\n" ::: "memory");
-      red_release_add(turn, 1);
+      cuda::add_release(turn, 1);
     }
   }
   if (leader) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // and written

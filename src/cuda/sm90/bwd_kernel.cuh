@@ -71,17 +71,40 @@ struct BwdSteps {
   __device__ bool visits(int m) const { return total > 0 && m >= m_begin && m < m_begin + per_head; }
 };
 
-// The deterministic mode's order: the key blocks that add into query block m do so in
-// ascending order, so that block n waits for the count of earlier visitors. The visitors of m
-// are a contiguous range of key blocks (both ends of a key block's query range grow with n,
-// and a key block without steps can only come before or after every visitor), which contains
-// n, so a binary search for its first member gives the count.
+// The deterministic mode's order: the key blocks that add into query block m take turns, so
+// that block n waits for the count of visitors before it. The visitors of m are a contiguous
+// range of key blocks (both ends of a key block's query range grow with n, and a key block
+// without steps can only come before or after every visitor), which contains n, so a binary
+// search for the range's end gives the count. Without a right bound the order is ascending.
+// With one (causal), a query block's last visitor reaches it within its first steps, so the
+// order is descending and the CTAs launch in that order too (bwd_n_block): each key block
+// then finds its earlier visitors done, where ascending order would hold key block n about
+// n steps at its first query block.
+__device__ __forceinline__ bool bwd_descending(const BwdParams& p) {
+  return p.deterministic && p.mask.window_right >= 0;
+}
+// The key block of this CTA (grid x: the key blocks, launched last first when descending).
+__device__ __forceinline__ int bwd_n_block(const BwdParams& p) {
+  return bwd_descending(p) ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+}
 __device__ __forceinline__ int bwd_turn(const BwdParams& p, const cuda::SeqInfo& seq, int n_block, int m,
                                         int block_m, int block_n) {
+  auto visits = [&](int n) { return BwdSteps(p, seq, n, block_m, block_n).visits(m); };
+  if (bwd_descending(p)) {  // the last visitor is in [lo, hi]
+    int lo = n_block, hi = int(gridDim.x) - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (visits(mid))
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    return lo - n_block;
+  }
   int lo = 0, hi = n_block;  // the first visitor is in [lo, hi]
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
-    if (BwdSteps(p, seq, mid, block_m, block_n).visits(m))
+    if (visits(mid))
       hi = mid;
     else
       lo = mid + 1;
@@ -108,7 +131,7 @@ __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename
   using HeadDim = typename Tr::HeadDim;
   constexpr int kM = Tr::kBlockM;
   const BwdParams& p = kp.p;
-  const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  const int n_block = bwd_n_block(kp.p), h_kv = blockIdx.y, b = blockIdx.z;
   const int D = Tr::kHeadDim;
   // Varlen: every sequence packed in rows, one "batch", offset by the sequence's start.
   const int bq = p.varlen ? 0 : b;
@@ -167,7 +190,7 @@ __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, type
                                              const BwdSteps& steps, const cuda::SeqInfo& seq) {
   using cutlass::arch::NamedBarrier;
   constexpr int kBlock = Tr::kBlockM * Tr::kHeadDim;
-  const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  const int n_block = bwd_n_block(kp.p), h_kv = blockIdx.y, b = blockIdx.z;
   const bool leader = threadIdx.x % 32 == 0;
   const bool ordered = kp.ws.dq_turn != nullptr;
   NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
@@ -321,7 +344,7 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   using HeadDim = typename Tr::HeadDim;
   constexpr int kM = Tr::kBlockM, kN = Tr::kBlockN;
   const BwdParams& p = kp.p;
-  const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  const int n_block = bwd_n_block(kp.p), h_kv = blockIdx.y, b = blockIdx.z;
   const int len_k = seq.len_k;
 
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});       // (BLK_M, D, STAGES)
@@ -449,7 +472,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   const int warp_group = cutlass::canonical_warp_group_idx();
   const bool producer = warp_group == 0;
   const cuda::SeqInfo seq = cuda::seq_info(kp.p, blockIdx.z);
-  const BwdSteps steps(kp.p, seq, blockIdx.x, Tr::kBlockM, Tr::kBlockN);
+  const BwdSteps steps(kp.p, seq, bwd_n_block(kp.p), Tr::kBlockM, Tr::kBlockN);
 
   if (threadIdx.x == 0) cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
   // A stage holds a tile and its rows' LSE (or D).

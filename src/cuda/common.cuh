@@ -125,4 +125,18 @@ __device__ __forceinline__ void add_release(int* ptr, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(ptr), "r"(v) : "memory");
 }
 
+// The first i of [lo, hi) where pred(i) holds, for a pred that is false and then true on
+// it (hi when it never holds): a binary search.
+template <class Pred>
+__device__ __forceinline__ int first_true(int lo, int hi, Pred pred) {
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (pred(mid))
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
 }  // namespace flashlab::cuda

@@ -48,16 +48,7 @@ __device__ __forceinline__ BwdBlock schedule_bwd(const BwdParams& p) {
   // Both ends of a block's key range grow with the block (MaskPolicy), so the blocks that
   // see a key of [j0, j0 + keys) are those from the first whose range ends past j0 up to the
   // first whose range begins at or past j0 + keys: two binary searches.
-  auto first_true = [](int lo, int hi, auto pred) {  // pred false, then true, on [lo, hi)
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (pred(mid))
-        hi = mid;
-      else
-        lo = mid + 1;
-    }
-    return lo;
-  };
+  using cuda::first_true;
   blk.m_begin = first_true(0, m_blocks, [&](int m) {
     return row_block<Tr>(p.mask, m, len_q, len_k).key_end > blk.j0;
   });

@@ -90,26 +90,9 @@ __device__ __forceinline__ int bwd_n_block(const BwdParams& p) {
 __device__ __forceinline__ int bwd_turn(const BwdParams& p, const cuda::SeqInfo& seq, int n_block, int m,
                                         int block_m, int block_n) {
   auto visits = [&](int n) { return BwdSteps(p, seq, n, block_m, block_n).visits(m); };
-  if (bwd_descending(p)) {  // the last visitor is in [lo, hi]
-    int lo = n_block, hi = int(gridDim.x) - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (visits(mid))
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    return lo - n_block;
-  }
-  int lo = 0, hi = n_block;  // the first visitor is in [lo, hi]
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (visits(mid))
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  return n_block - lo;
+  if (bwd_descending(p))  // the visitors after n: up to the first key block past n that is none
+    return cuda::first_true(n_block + 1, int(gridDim.x), [&](int n) { return !visits(n); }) - 1 - n_block;
+  return n_block - cuda::first_true(0, n_block, visits);  // the visitors before n
 }
 
 // One bulk reduce-add of `bytes` from shared to global memory (fp32), in the issuing

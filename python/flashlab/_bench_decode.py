@@ -13,7 +13,8 @@ on the keys and values the cache holds.
   against the same dense forward as the others, while the kernels do the work of any
   angles (nothing in them depends on the tables' values).
 - graphed: any entry captured once per input set in a CUDA graph and replayed per call, so
-  that its time is the GPU's without Python's per-call overhead (--graphs).
+  that its time is the GPU's without Python's per-call overhead (--graphs). The replay
+  keeps the entry's runner, and with it every tensor the graphs read, alive.
 """
 
 from __future__ import annotations
@@ -93,4 +94,9 @@ def graphed(run: Run, set_count: int) -> Run:
     def replay(i: int) -> Dict[str, object]:
         graphs[i].replay()
         return outputs[i]
+    # A graph holds raw pointers to what `run` allocated outside it (a rotary entry's
+    # tables): keeping `run` keeps them. Freed, their memory goes back to torch's allocator,
+    # and a later replay reads whatever holds it then, or faults once it is returned to the
+    # driver (measured: an illegal address on the second 64k problem of one sweep).
+    replay.run = run  # type: ignore[attr-defined]
     return replay

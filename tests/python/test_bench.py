@@ -383,6 +383,45 @@ def test_a_cuda_sweep_gives_the_harness_the_stream_its_peers_launch_on():
     assert current[0].cuda_stream == 0  # the sweep's stream is current only during the sweep
 
 
+def test_a_graphed_entry_keeps_alive_what_its_graphs_read():
+    """A captured graph holds raw pointers to what the runner allocated outside it (a rotary
+    entry's tables, held by the runner's closure): the replay must keep the runner, or
+    torch's allocator hands that memory on while the graphs still read it."""
+    import gc
+    import weakref
+
+    from flashlab import _bench_decode
+
+    class Graph:
+        def replay(self):
+            pass
+
+    cuda = types.SimpleNamespace(synchronize=lambda: None, CUDAGraph=Graph,
+                                 graph=lambda g: contextlib.nullcontext())
+    torch = types.SimpleNamespace(cuda=cuda)
+
+    class Tables:  # stands for the tensors a runner allocates once, outside the graphs
+        pass
+
+    def make_run():
+        tables = Tables()
+
+        def run(i):
+            return {"out": i if tables else None}
+        return run, weakref.ref(tables)
+
+    run, tables = make_run()
+    with mock.patch.dict(sys.modules, {"torch": torch}):
+        replay = _bench_decode.graphed(run, 2)
+    del run
+    gc.collect()
+    assert tables() is not None
+    assert replay(1)["out"] == 1
+    del replay
+    gc.collect()
+    assert tables() is None
+
+
 @pytest.mark.cuda
 def test_the_check_and_the_timer_wait_for_a_peers_gpu_work():
     """A peer whose output is written ~20 ms of GPU time after its call returns: the check
@@ -416,4 +455,7 @@ def test_the_check_and_the_timer_wait_for_a_peers_gpu_work():
         e = b.add("slow", slow)
         assert e.row.status == "ok", e.row.reason
         b.time([e])
-        assert e.row.status == "ok" and e.row.time_ms >= 0.8 * sleep_ms, (e.row.time_ms, sleep_ms)
+        # _sleep counts cycles, and the H100's clock moves by up to a third between the
+        # measurement above and the timed calls (measured: 29.6 ms, then 20.2 ms per call).
+        # A timer that does not wait for the peer reads the attention alone, ~0.05 ms.
+        assert e.row.status == "ok" and e.row.time_ms >= 0.5 * sleep_ms, (e.row.time_ms, sleep_ms)

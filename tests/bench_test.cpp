@@ -1,12 +1,13 @@
 // The benchmark harness (include/flashlab/bench.h): the FLOP formula against a brute-force
 // count of visible pairs, the run plan, alternating rounds, the check of an
-// implementation's outputs (against a reference made once per problem), and the checked
-// slice of a large problem.
+// implementation's outputs (against a reference made once per problem), the checked
+// slice of a large problem, and packed varlen problems.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -198,6 +199,16 @@ TEST(BenchTiming, RoundsAlternateTheEntriesAndTakeTheMedianOfTheirMedians) {
 
 // ---- the check --------------------------------------------------------------------------
 
+// forward() with cpu_flash and a workspace of its own.
+Status cpu_flash_forward(ForwardArgs a) {
+  a.kernel = "cpu_flash";
+  size_t bytes = 0;
+  if (Status s = workspace_size(a, &bytes); !s.ok()) return s;
+  std::vector<std::byte> ws(bytes);
+  a.workspace = ws.data(), a.workspace_bytes = bytes;
+  return forward(a);
+}
+
 // A peer that computes the forward with cpu_flash into its own buffer, then `spoil`s it.
 struct Peer {
   std::vector<float> out;
@@ -210,12 +221,7 @@ struct Peer {
     a.q = b.input(0, Operand::kQ), a.k = b.input(0, Operand::kK), a.v = b.input(0, Operand::kV);
     a.out = view;
     a.causal = p.causal;
-    a.kernel = "cpu_flash";
-    size_t bytes = 0;
-    if (Status s = workspace_size(a, &bytes); !s.ok()) return s;
-    std::vector<std::byte> ws(bytes);
-    a.workspace = ws.data(), a.workspace_bytes = bytes;
-    if (Status s = forward(a); !s.ok()) return s;
+    if (Status s = cpu_flash_forward(a); !s.ok()) return s;
     spoil(out);
     return {};
   }
@@ -351,6 +357,139 @@ TEST(BenchSlice, ASlicedCheckPassesACorrectKernel) {
     b->describe(&r);
     EXPECT_NE(r.checked.find("query rows"), std::string::npos) << r.checked;
   }
+}
+
+// ---- varlen -----------------------------------------------------------------------------
+
+TEST(BenchVarlen, DocumentsAreDeterministicAndFillTheTokensExactly) {
+  std::vector<int> a, b, c;
+  ASSERT_TRUE(document_lengths(16384, 100, 4000, 5, &a).ok());
+  ASSERT_TRUE(document_lengths(16384, 100, 4000, 5, &b).ok());
+  ASSERT_TRUE(document_lengths(16384, 100, 4000, 6, &c).ok());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  for (const std::vector<int>& docs : {a, c}) {
+    EXPECT_EQ(std::accumulate(docs.begin(), docs.end(), 0), 16384);
+    ASSERT_GE(docs.size(), 5u);  // 16384 / 4000
+    for (size_t i = 0; i + 1 < docs.size(); ++i) {
+      EXPECT_GE(docs[i], 100);
+      EXPECT_LE(docs[i], 4000);
+    }
+    EXPECT_GE(docs.back(), 1);  // the last one cut to fill exactly
+    EXPECT_LE(docs.back(), 4000);
+  }
+  ASSERT_TRUE(document_lengths(50, 100, 4000, 5, &a).ok());
+  EXPECT_EQ(a, std::vector<int>{50});
+  ASSERT_TRUE(document_lengths(30, 10, 10, 0, &a).ok());
+  EXPECT_EQ(a, (std::vector<int>{10, 10, 10}));
+  EXPECT_EQ(document_lengths(100, 0, 10, 0, &a).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(document_lengths(100, 20, 10, 0, &a).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(document_lengths(0, 1, 10, 0, &a).code(), StatusCode::kInvalidArgument);
+}
+
+Problem varlen_problem(std::vector<int> lengths, bool causal, bool backward) {
+  Problem p = problem(1, 4, 2, 1, 1, 32, 16);
+  p.causal = causal;
+  p.backward = backward;
+  set_lengths(p, std::move(lengths));
+  return p;
+}
+
+TEST(BenchVarlen, FlopsAreTheSumOfTheSequencesDenseFlops) {
+  const std::vector<int> lengths = {37, 5, 64, 1, 20};
+  for (bool causal : {false, true})
+    for (bool backward : {false, true}) {
+      const Problem p = varlen_problem(lengths, causal, backward);
+      EXPECT_EQ(p.batch, 5);
+      EXPECT_EQ(p.seqlen_q, 64);
+      double dense = 0;
+      for (int len : lengths) {
+        Problem one = problem(1, 4, 2, len, len, 32, 16);
+        one.causal = causal, one.backward = backward;
+        dense += pass_flops(one);
+      }
+      EXPECT_EQ(pass_flops(p), dense) << "causal " << causal << ", backward " << backward;
+    }
+  const Problem p = varlen_problem(lengths, true, false);
+  EXPECT_EQ(kv_bytes(p), 127.0 * 2 * (32 + 16) * 4);  // K and V of every token, fp32
+  EXPECT_EQ(shape_string(p), "varlen(5 docs, 127 tokens, max 64)x4/2x32/16 fp32");
+  EXPECT_EQ(cu_seqlens_of(p), (std::vector<int32_t>{0, 37, 42, 106, 107, 127}));
+}
+
+// A peer that runs cpu_flash on the packed tokens as one sequence: right shapes, wrong
+// attention (documents see each other).
+struct OneSequencePeer {
+  std::vector<float> out;
+  Tensor view;
+  Status run(const Bench& b) {
+    const Problem& p = b.problem();
+    const int64_t total = cu_seqlens_of(p).back();
+    out.assign(size_t(total) * p.heads_q * p.head_dim_v, 0.f);
+    view = Tensor::contiguous(out.data(), DType::kF32, {total, p.heads_q, p.head_dim_v});
+    auto as_one = [&](Tensor t) {
+      return Tensor::contiguous(t.data, t.dtype, {1, t.shape[0], t.shape[1], t.shape[2]});
+    };
+    ForwardArgs a;
+    a.q = as_one(b.input(0, Operand::kQ)), a.k = as_one(b.input(0, Operand::kK));
+    a.v = as_one(b.input(0, Operand::kV)), a.out = as_one(view);
+    a.causal = p.causal;
+    return cpu_flash_forward(a);
+  }
+};
+
+TEST(BenchVarlen, CpuFlashIsCheckedAndTimedAgainstCpuReference) {
+  for (bool backward : {false, true})
+    for (bool sliced : {false, true}) {
+      const Problem p = varlen_problem({37, 5, 64, 1, 20}, true, backward);
+      // Sliced: the budget holds a part of the longest document alone.
+      const Report r = bench_rows(p, {"cpu_flash", "cpu_reference"}, sliced ? pass_flops(p) / 8 : 80e9);
+      ASSERT_EQ(r.rows.size(), 2u);
+      for (const Row& row : r.rows) {
+        EXPECT_EQ(row.status, RowStatus::kOk) << row.kernel << ": " << row.reason;
+        EXPECT_GT(row.time_ms, 0.0) << row.kernel;
+        EXPECT_EQ(row.flops, pass_flops(p));
+        EXPECT_LT(backward ? row.err_dq : row.err_out, 1e-4) << row.kernel;
+        EXPECT_LT(backward ? row.err_dk : row.err_lse, 1e-4) << row.kernel;  // NaN: not compared
+      }
+      EXPECT_EQ(r.checked.find("document 2 of 5 (64 tokens from token 42)") != std::string::npos, sliced)
+          << r.checked;
+      EXPECT_NE(r.inputs.find("documents (tokens): 37, 5, 64, 1, 20"), std::string::npos) << r.inputs;
+    }
+}
+
+TEST(BenchVarlen, AnAttentionAcrossDocumentsFailsTheCheck) {
+  for (bool sliced : {false, true}) {
+    const Problem p = varlen_problem({37, 5, 64, 1, 20}, false, false);
+    Options o = quiet_options();
+    o.check_flops = sliced ? pass_flops(p) / 4 : 80e9;
+    auto b = make_bench(p, o);
+    OneSequencePeer peer;
+    Entry e;
+    ASSERT_TRUE(b->add("one sequence", [&](int) { return peer.run(*b); },
+                       [&](Outputs* out) {
+                         out->out = peer.view;
+                         return Status{};
+                       },
+                       &e).ok());
+    EXPECT_EQ(e.row.status, RowStatus::kFail) << "sliced " << sliced;
+    EXPECT_NE(e.row.reason.find("out: error"), std::string::npos) << e.row.reason;
+  }
+}
+
+TEST(BenchVarlen, TheSweepBecomesOneProblemPerHeadDimMaskAndDirection) {
+  Sweep s;
+  s.head_dims = {64, 128};
+  std::vector<int> docs;
+  ASSERT_TRUE(document_lengths(s.tokens, 100, 4000, 0, &docs).ok());
+  const std::vector<Problem> ps = varlen_problems(s, docs);
+  ASSERT_EQ(ps.size(), 2u * 2 * 2);
+  for (const Problem& p : ps) {
+    EXPECT_EQ(p.lengths, docs);
+    EXPECT_EQ(p.heads_q * p.head_dim, s.hidden);
+    EXPECT_EQ(cu_seqlens_of(p).back(), s.tokens);
+  }
+  EXPECT_FALSE(ps[0].backward || ps[0].causal);  // per head dim: each mask, forward then backward
+  EXPECT_TRUE(ps[1].backward && ps[2].causal && !ps[2].backward);
 }
 
 }  // namespace

@@ -17,8 +17,9 @@
 // CPU calls are timed with std::chrono::steady_clock, CUDA calls with a cudaEvent pair
 // on the harness's stream. A decode problem (Problem::decode) is a forward_kvcache call
 // against a full KV cache, checked against a dense forward on the same keys and values
-// and judged by the bytes of K and V it reads. docs/BENCHMARK.md describes the method and
-// its limits.
+// and judged by the bytes of K and V it reads. A varlen problem (Problem::lengths) is one
+// packed batch of documents with cu_seqlens, checked against cpu_reference on the same
+// packing. docs/BENCHMARK.md describes the method and its limits.
 #pragma once
 
 #include <cstddef>
@@ -80,12 +81,30 @@ struct Problem {
   bool decode = false;
   int page_size = 0;
   int seqlen_new = 0;
+  // Varlen: a packed batch of sequences of these lengths, queries and keys alike: q, k, v,
+  // out and their gradients are [total, heads, dim], LSE [heads_q, total], with
+  // cu_seqlens_q = cu_seqlens_k (int32, on the problem's device) and max_seqlen the
+  // longest. batch is their count and seqlen_q = seqlen_k the longest (set_lengths keeps
+  // them so). Empty: the padded layout.
+  std::vector<int> lengths;
   // Kernels with O(seqlen²) workspace (cpu_reference, naive) refuse above this.
   size_t quadratic_workspace_limit = size_t(4) << 30;
 };
 
 // The forward arguments of `p` without data: what attention_flops and attention_bytes read.
+// Varlen: cu_seqlens are present host views without data (pass_flops points them at
+// cu_seqlens_of(p)).
 ForwardArgs shape_args(const Problem& p);
+// Makes `p` a varlen problem of these lengths (batch, seqlen_q and seqlen_k follow them);
+// empty makes it padded again, its sizes as they were.
+void set_lengths(Problem& p, std::vector<int> lengths);
+// {0, l0, l0 + l1, ...}: the cu_seqlens of a varlen problem; empty when padded.
+std::vector<int32_t> cu_seqlens_of(const Problem& p);
+// The documents of a packed varlen batch: lengths drawn uniformly from [lo, hi] with a
+// generator seeded by `seed` until they fill `tokens`, the last cut to fill it exactly (so
+// it is in [1, hi]). The same (tokens, lo, hi, seed) gives the same lengths on every
+// machine. 1 <= lo <= hi and tokens >= 1, else kInvalidArgument.
+Status document_lengths(int tokens, int lo, int hi, uint64_t seed, std::vector<int>* lengths);
 double pass_flops(const Problem& p);  // the timed pass: forward, or backward (2.5x)
 // K and V, read once: 2·batch·seqlen_k·heads_kv·head_dim·elem bytes (with Dv for V); what
 // a decode call is judged by.
@@ -93,7 +112,7 @@ double kv_bytes(const Problem& p);
 
 // "1x8x4096x128 fp32"; GQA, Sq != Sk and Dv != D add "/other": "2x8/2x512/1024x64 bf16";
 // a decode problem adds " kvcache", " paged(P)" and " append(N)": "1x32/8x1/4096x128 bf16
-// kvcache paged(256)".
+// kvcache paged(256)"; a varlen one reads "varlen(9 docs, 16384 tokens, max 3977)x16x128 bf16".
 std::string shape_string(const Problem& p);
 // "none", "causal", "window(64,0)", each with "+softcap(30)" when on.
 std::string mask_string(const Problem& p);
@@ -116,6 +135,9 @@ struct Sweep {
 };
 std::vector<Problem> sweep_problems(const Sweep& s);   // seqlens that do not divide tokens skipped
 std::vector<Problem> decode_problems(const Sweep& s);  // decode = true, one per cache length
+// The sweep's problems as one varlen problem per (head dim, causal, direction): documents
+// of `lengths` (document_lengths at s.tokens) at the sweep's hidden size.
+std::vector<Problem> varlen_problems(const Sweep& s, const std::vector<int>& lengths);
 
 // ---------------------------------------------------------------------------------------
 // Timing
@@ -246,10 +268,11 @@ class Progress {
 // The operands of a problem's input sets: q, k, v, and for the backward out, lse and dout
 // (made by the device's best forward kernel). Decode: k and v are the caches (paged:
 // [num_pages, page_size, heads_kv, dim]), with k_new/v_new when it appends, cache_seqlens
-// (int32 [batch]) and, paged, the block table (int32 [batch, pages per sequence]).
+// (int32 [batch]) and, paged, the block table (int32 [batch, pages per sequence]). Varlen:
+// cu_seqlens (int32 [batch + 1]), both cu_seqlens_q and cu_seqlens_k of every call.
 enum class Operand : int {
   kQ, kK, kV, kOut, kLse, kDout,
-  kKNew = 9, kVNew, kCacheSeqlens, kBlockTable
+  kKNew = 9, kVNew, kCacheSeqlens, kBlockTable, kCuSeqlens
 };
 
 // What an implementation wrote; the present tensors are checked (any strides, any device).

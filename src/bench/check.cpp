@@ -55,7 +55,23 @@ std::vector<double> gather(const Tensor& host, const Box& box) {
   return out;
 }
 
+// A varlen problem's document `doc` alone, as a padded batch of one.
+Problem document_problem(const Problem& p, int doc) {
+  Problem d = p;
+  d.lengths.clear();
+  d.batch = 1;
+  d.seqlen_q = d.seqlen_k = p.lengths[size_t(doc)];
+  return d;
+}
+
+// The slice of one document as the slice of document_problem.
+Slice within_document(Slice s) {
+  s.doc = -1;
+  return s;
+}
+
 Problem slice_problem(const Problem& p, const Slice& s) {
+  if (s.doc >= 0) return slice_problem(document_problem(p, s.doc), within_document(s));
   Problem sub = p;
   sub.batch = s.batches;
   sub.heads_q = s.heads_q;
@@ -68,8 +84,21 @@ Problem slice_problem(const Problem& p, const Slice& s) {
   return sub;
 }
 
+Box box_of(const Problem& p, const Slice& s, Slot slot);
+
+// A varlen tensor's box of one document: its padded problem's box, on the document's rows.
+Box document_box(const Problem& p, const Slice& s, Slot slot) {
+  const Box d = box_of(document_problem(p, s.doc), within_document(s), slot);
+  const int64_t start = cu_seqlens_of(p)[size_t(s.doc)];
+  Box b;
+  for (int a = 0; a + 1 < kMaxRank; ++a) b.begin[a] = d.begin[a + 1], b.count[a] = d.count[a + 1];
+  b.begin[slot == kLse ? 1 : 0] += start;  // [1, heads, rows] -> [heads, total]; else [total, ...]
+  return b;
+}
+
 // The slice's box of a tensor of the full problem.
 Box box_of(const Problem& p, const Slice& s, Slot slot) {
+  if (!p.lengths.empty()) return s.doc >= 0 ? document_box(p, s, slot) : full_box(slot_view(p, slot, nullptr));
   Box b = full_box(slot_view(p, slot, nullptr));
   b.count[0] = s.batches;
   switch (slot) {
@@ -90,7 +119,7 @@ Box box_of(const Problem& p, const Slice& s, Slot slot) {
       b.begin[2] = s.row0;
       b.count[2] = s.rows;
       break;
-    case kKNew: case kVNew: case kSeqlens: case kTable: case kSlots: break;
+    case kKNew: case kVNew: case kSeqlens: case kTable: case kCu: case kSlots: break;
   }
   return b;
 }
@@ -159,8 +188,8 @@ void fail(Row* row, Slot s, const std::string& why) {
 // ---- operands ---------------------------------------------------------------------------
 
 const char* slot_name(Slot s) {
-  static constexpr const char* kNames[kSlots] = {"q",  "k",  "v",     "out",   "lse",           "dout", "dq",
-                                                 "dk", "dv", "k_new", "v_new", "cache_seqlens", "block_table"};
+  static constexpr const char* kNames[kSlots] = {"q",  "k",  "v",     "out",   "lse",           "dout",        "dq",
+                                                 "dk", "dv", "k_new", "v_new", "cache_seqlens", "block_table", "cu_seqlens"};
   return kNames[s];
 }
 
@@ -169,6 +198,7 @@ int pages_per_sequence(const Problem& p) {
 }
 
 std::vector<int32_t> table_values(const Problem& p, Slot table, uint64_t seed) {
+  if (table == kCu) return cu_seqlens_of(p);
   if (table == kSeqlens) return std::vector<int32_t>(size_t(p.batch), p.seqlen_k - p.seqlen_new);
   std::vector<int32_t> pages(size_t(p.batch) * size_t(pages_per_sequence(p)));
   std::iota(pages.begin(), pages.end(), 0);
@@ -185,6 +215,18 @@ Tensor slot_view(const Problem& p, Slot s, void* data) {
     const int pages = pages_per_sequence(p);
     return pages > 0 ? Tensor::contiguous(data, t, {int64_t(p.batch) * pages, p.page_size, p.heads_kv, dim}, p.device)
                      : Tensor::contiguous(data, t, {p.batch, p.seqlen_k, p.heads_kv, dim}, p.device);
+  }
+  if (!p.lengths.empty()) {
+    const int64_t total = cu_seqlens_of(p).back();
+    switch (s) {
+      case kQ: case kDq: return Tensor::contiguous(data, t, {total, p.heads_q, p.head_dim}, p.device);
+      case kK: case kDk: return Tensor::contiguous(data, t, {total, p.heads_kv, p.head_dim}, p.device);
+      case kV: case kDv: return Tensor::contiguous(data, t, {total, p.heads_kv, p.head_dim_v}, p.device);
+      case kOut: case kDout: return Tensor::contiguous(data, t, {total, p.heads_q, p.head_dim_v}, p.device);
+      case kLse: return Tensor::contiguous(data, DType::kF32, {p.heads_q, total}, p.device);
+      case kCu: return Tensor::contiguous(data, DType::kI32, {p.batch + 1}, p.device);
+      default: return {};
+    }
   }
   switch (s) {
     case kKNew: return Tensor::contiguous(data, t, {p.batch, p.seqlen_new, p.heads_kv, p.head_dim}, p.device);
@@ -214,6 +256,7 @@ bool slot_used(const Problem& p, Slot s) {
     case kKNew: case kVNew: return p.decode && p.seqlen_new > 0;
     case kSeqlens: return p.decode;
     case kTable: return p.decode && p.page_size > 0;
+    case kCu: return !p.lengths.empty();
     case kSlots: return false;
     default: return p.backward || s <= kLse;
   }
@@ -250,6 +293,14 @@ Slice choose_slice(const Problem& p, double budget_flops, int threads) {
   Slice s{p.batch, p.heads_q, p.heads_kv, 0, p.seqlen_q, 0, true};
   auto cost = [&] { return pass_flops(slice_problem(p, s)); };
   if (cost() <= budget_flops) return s;
+  if (!p.lengths.empty()) {
+    const auto longest = std::max_element(p.lengths.rbegin(), p.lengths.rend());  // the last of equals
+    const int doc = int(p.lengths.rend() - longest) - 1;
+    s = choose_slice(document_problem(p, doc), budget_flops, threads);
+    s.full = false;
+    s.doc = doc;
+    return s;
+  }
   const int group = p.heads_q / p.heads_kv;
   const int width = std::max(kMinCheckedHeads, threads);  // cpu_reference runs a head per thread
   s.full = false;
@@ -282,6 +333,12 @@ Slice choose_slice(const Problem& p, double budget_flops, int threads) {
 
 std::string slice_string(const Problem& p, const Slice& s) {
   if (s.full) return "the full problem";
+  if (s.doc >= 0) {
+    const Problem d = document_problem(p, s.doc);
+    return "document " + std::to_string(s.doc) + " of " + std::to_string(p.batch) + " (" +
+           std::to_string(d.seqlen_q) + " tokens from token " + std::to_string(cu_seqlens_of(p)[size_t(s.doc)]) +
+           "), " + slice_string(d, within_document(s));
+  }
   std::string t = p.batch > 1 ? "batch 0 of " + std::to_string(p.batch) + ", " : "";
   t += "query heads " + range_string(0, s.heads_q) + " of " + std::to_string(p.heads_q) +
        " (kv heads " + range_string(0, s.heads_kv) + ")";
@@ -318,6 +375,8 @@ Status Oracle::compute(const Problem& p, const Slice& s, const std::array<Tensor
   std::array<Tensor, kSlots> v;
   for (int i = 0; i < kSlots; ++i) v[i] = slot_view(sub, Slot(i), f64[i].data());
   v[kLse] = slot_view(sub, kLse, lse.data());
+  std::vector<int32_t> cu = cu_seqlens_of(sub);  // the whole varlen problem: its packing
+  v[kCu] = slot_view(sub, kCu, cu.data());
 
   auto run = [&](auto& a) -> Status {
     a.causal = p.causal;
@@ -327,6 +386,10 @@ Status Oracle::compute(const Problem& p, const Slice& s, const std::array<Tensor
     a.num_threads = threads;
     a.kernel = "cpu_reference";
     a.quadratic_workspace_limit = SIZE_MAX;  // the slice was chosen to fit
+    if (v[kCu].present()) {
+      a.maybe_cu_seqlens_q = a.maybe_cu_seqlens_k = v[kCu];
+      a.max_seqlen_q = a.max_seqlen_k = sub.seqlen_q;
+    }
     size_t bytes = 0;
     if (Status st = workspace_size(a, &bytes); !st.ok()) return st;
     Buffer ws;
@@ -356,9 +419,9 @@ Status Oracle::compute(const Problem& p, const Slice& s, const std::array<Tensor
       continue;
     }
     Box keys = full_box(v[slot]);  // dk and dv: the keys that are compared
-    if (slot == kDk || slot == kDv) {
+    if (!s.full && (slot == kDk || slot == kDv)) {
       keys.begin[1] = std::max(s.key0, 0);
-      keys.count[1] = s.keys_compared() ? p.seqlen_k - s.key0 : 0;
+      keys.count[1] = s.keys_compared() ? sub.seqlen_k - s.key0 : 0;
     }
     keep(slot, gather(v[slot], keys));
   }

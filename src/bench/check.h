@@ -12,12 +12,13 @@
 
 namespace flashlab::bench {
 
-// Every tensor of a problem; the first six and the last four are Operand's.
-enum Slot : int { kQ, kK, kV, kOut, kLse, kDout, kDq, kDk, kDv, kKNew, kVNew, kSeqlens, kTable, kSlots };
+// Every tensor of a problem; the first six and the last five are Operand's.
+enum Slot : int { kQ, kK, kV, kOut, kLse, kDout, kDq, kDk, kDv, kKNew, kVNew, kSeqlens, kTable, kCu, kSlots };
 const char* slot_name(Slot s);
 // [batch, seqlen, heads, dim]; LSE is [batch, heads_q, seqlen_q] (rank 3). Decode: k and v
-// are the caches, paged [num_pages, page_size, heads_kv, dim]; the slots a problem does not
-// use (slot_used) are absent.
+// are the caches, paged [num_pages, page_size, heads_kv, dim]. Varlen: [total, heads, dim],
+// LSE [heads_q, total], and cu_seqlens int32 [batch + 1]. The slots a problem does not use
+// (slot_used) are absent.
 Tensor slot_view(const Problem& p, Slot s, void* data);
 size_t slot_bytes(const Problem& p, Slot s);
 // The slots a pass's calls read and write: its inputs (random, or for the backward out and
@@ -36,6 +37,7 @@ Status select_pass(const BackwardArgs& a, std::string* name);
 Status select_pass(const KvCacheArgs& a, std::string* name);
 // Decode: pages per sequence (0 when contiguous) and the int32 tables of input set `set`
 // (cache_seqlens = seqlen_k - seqlen_new; the block table a shuffled draw of the pool).
+// Varlen: cu_seqlens (the same in every set).
 int pages_per_sequence(const Problem& p);
 std::vector<int32_t> table_values(const Problem& p, Slot table, uint64_t seed);
 
@@ -45,10 +47,13 @@ std::vector<int32_t> table_values(const Problem& p, Slot table, uint64_t seed);
 // because with bottom-right alignment a problem of the last rows and all keys masks
 // exactly as the full one does; dk and dv of a key are exact only when every row that
 // sees it is in the slice, so when rows are cut they are compared on the keys that no
-// earlier row sees (none without a right bound).
+// earlier row sees (none without a right bound). A varlen problem is compared whole, or
+// on one document (doc, the longest: the last of equals) sliced as a padded batch of one
+// would be.
 struct Slice {
   int batches = 0, heads_q = 0, heads_kv = 0, row0 = 0, rows = 0, key0 = 0;
   bool full = true;
+  int doc = -1;  // varlen: the document compared; -1: all
   bool keys_compared() const;
 };
 Slice choose_slice(const Problem& p, double budget_flops, int threads);

@@ -38,6 +38,15 @@ Status check_problem(const Problem& p) {
     return {StatusCode::kInvalidArgument, "heads_q (" + std::to_string(p.heads_q) +
                                               ") must be a multiple of heads_kv (" +
                                               std::to_string(p.heads_kv) + ")"};
+  if (!p.lengths.empty()) {
+    const int longest = *std::max_element(p.lengths.begin(), p.lengths.end());
+    const bool shaped = *std::min_element(p.lengths.begin(), p.lengths.end()) >= 1 &&
+                        p.batch == int(p.lengths.size()) && p.seqlen_q == longest && p.seqlen_k == longest;
+    if (!shaped)
+      return {StatusCode::kInvalidArgument, "varlen: every length must be >= 1, with batch their count and "
+                                            "seqlen_q = seqlen_k the longest (set_lengths)"};
+    if (p.decode) return {StatusCode::kInvalidArgument, "a decode problem is not varlen"};
+  }
   if (!p.decode) return {};
   if (p.backward) return {StatusCode::kInvalidArgument, "a decode problem has no backward"};
   if (p.page_size < 0 || p.seqlen_new < 0 || p.seqlen_new > p.seqlen_k)
@@ -95,6 +104,11 @@ struct Bench::State {
       a.stream = stream;
       a.quadratic_workspace_limit = q.quadratic_workspace_limit;
       a.kernel = kernel;
+      if (v[kCu].present()) {
+        a.maybe_cu_seqlens_q = a.maybe_cu_seqlens_k = v[kCu];
+        a.max_seqlen_q = q.seqlen_q;
+        a.max_seqlen_k = q.seqlen_k;
+      }
       if (ws) {
         a.workspace = ws->data();
         a.workspace_bytes = ws->bytes();
@@ -155,14 +169,15 @@ Status Bench::State::plan_sets() {
 }
 
 // Every set gets its own values; on CUDA they are made on the host and uploaded. Decode
-// tables are values, not noise: cache_seqlens, and each set's own shuffle of the pages.
+// tables are values, not noise: cache_seqlens, and each set's own shuffle of the pages;
+// so is a varlen problem's cu_seqlens.
 Status Bench::State::fill_inputs() {
   sets.resize(size_t(set_count));
   Buffer host;
   for (int set = 0; set < set_count; ++set) {
     for (int s = 0; s < kSlots; ++s)
       if (slot_used(p, Slot(s))) BENCH_TRY(sets[size_t(set)][s].allocate(p.device, slot_bytes(p, Slot(s))));
-    for (Slot s : {kSeqlens, kTable}) {
+    for (Slot s : {kSeqlens, kTable, kCu}) {
       if (!slot_used(p, s)) continue;
       const std::vector<int32_t> values = table_values(p, s, mix_seed(o.seed, uint64_t(set), uint64_t(s) + 1));
       BENCH_TRY(host.allocate(Device::kCPU, values.size() * sizeof(int32_t)));
@@ -408,6 +423,10 @@ void Bench::describe(Report* r) const {
   }
   r->inputs = "unit-normal-ish random values, seed " + std::to_string(o.seed) + " (--seed to repeat)";
   if (!s.fwd_kernel.empty()) r->inputs += "; out and LSE for the backward from " + s.fwd_kernel;
+  if (!s.p.lengths.empty()) {
+    r->inputs += "; documents (tokens):";
+    for (size_t b = 0; b < s.p.lengths.size(); ++b) r->inputs += (b ? ", " : " ") + std::to_string(s.p.lengths[b]);
+  }
 }
 
 }  // namespace flashlab::bench

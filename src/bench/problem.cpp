@@ -1,8 +1,11 @@
 // Problems and what they cost: the one FLOP formula (exact over the mask's per-row key
-// range), the bytes a call moves, the names of shapes and masks, and the peer sweep.
+// range), the bytes a call moves, the names of shapes and masks, the peer sweep and the
+// documents of a varlen batch.
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <numeric>
+#include <random>
 
 #include "common/mask.h"
 #include "flashlab/bench.h"
@@ -106,10 +109,22 @@ Status attention_bytes(const ForwardArgs& args, Bytes* bytes) noexcept {
 
 ForwardArgs shape_args(const Problem& p) {
   ForwardArgs a;
-  a.q = Tensor::contiguous(nullptr, p.dtype, {p.batch, p.seqlen_q, p.heads_q, p.head_dim}, p.device);
-  a.k = Tensor::contiguous(nullptr, p.dtype, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim}, p.device);
-  a.v = Tensor::contiguous(nullptr, p.dtype, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim_v}, p.device);
-  a.out = Tensor::contiguous(nullptr, p.dtype, {p.batch, p.seqlen_q, p.heads_q, p.head_dim_v}, p.device);
+  if (p.lengths.empty()) {
+    a.q = Tensor::contiguous(nullptr, p.dtype, {p.batch, p.seqlen_q, p.heads_q, p.head_dim}, p.device);
+    a.k = Tensor::contiguous(nullptr, p.dtype, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim}, p.device);
+    a.v = Tensor::contiguous(nullptr, p.dtype, {p.batch, p.seqlen_k, p.heads_kv, p.head_dim_v}, p.device);
+    a.out = Tensor::contiguous(nullptr, p.dtype, {p.batch, p.seqlen_q, p.heads_q, p.head_dim_v}, p.device);
+  } else {
+    const int64_t total = std::accumulate(p.lengths.begin(), p.lengths.end(), int64_t(0));
+    a.q = Tensor::contiguous(nullptr, p.dtype, {total, p.heads_q, p.head_dim}, p.device);
+    a.k = Tensor::contiguous(nullptr, p.dtype, {total, p.heads_kv, p.head_dim}, p.device);
+    a.v = Tensor::contiguous(nullptr, p.dtype, {total, p.heads_kv, p.head_dim_v}, p.device);
+    a.out = Tensor::contiguous(nullptr, p.dtype, {total, p.heads_q, p.head_dim_v}, p.device);
+    a.maybe_cu_seqlens_q = Tensor::contiguous(nullptr, DType::kI32, {int64_t(p.lengths.size()) + 1});
+    a.maybe_cu_seqlens_k = a.maybe_cu_seqlens_q;
+    a.max_seqlen_q = p.seqlen_q;
+    a.max_seqlen_k = p.seqlen_k;
+  }
   a.causal = p.causal;
   a.window_left = p.window_left;
   a.window_right = p.window_right;
@@ -118,9 +133,43 @@ ForwardArgs shape_args(const Problem& p) {
 }
 
 double pass_flops(const Problem& p) {
+  ForwardArgs a = shape_args(p);
+  std::vector<int32_t> cu = cu_seqlens_of(p);
+  a.maybe_cu_seqlens_q.data = a.maybe_cu_seqlens_k.data = cu.data();
   double f = 0;
-  if (!attention_flops(shape_args(p), &f).ok()) return kNaN;
+  if (!attention_flops(a, &f).ok()) return kNaN;
   return p.backward ? f * kBackwardFlopFactor : f;
+}
+
+void set_lengths(Problem& p, std::vector<int> lengths) {
+  p.lengths = std::move(lengths);
+  if (p.lengths.empty()) return;
+  p.batch = int(p.lengths.size());
+  p.seqlen_q = p.seqlen_k = *std::max_element(p.lengths.begin(), p.lengths.end());
+}
+
+std::vector<int32_t> cu_seqlens_of(const Problem& p) {
+  if (p.lengths.empty()) return {};
+  std::vector<int32_t> cu(p.lengths.size() + 1, 0);
+  for (size_t b = 0; b < p.lengths.size(); ++b) cu[b + 1] = cu[b] + p.lengths[b];
+  return cu;
+}
+
+Status document_lengths(int tokens, int lo, int hi, uint64_t seed, std::vector<int>* lengths) {
+  if (tokens < 1 || lo < 1 || hi < lo)
+    return invalid("documents: need tokens >= 1 and 1 <= lo <= hi, got tokens " + std::to_string(tokens) +
+                   ", lengths " + std::to_string(lo) + "-" + std::to_string(hi));
+  // mt19937_64's sequence is fixed by the standard; the reduction to [lo, hi] is ours, so
+  // the lengths do not depend on the standard library (uniform_int_distribution does).
+  std::mt19937_64 rng(seed);
+  const uint64_t span = uint64_t(hi - lo) + 1;
+  lengths->clear();
+  for (int filled = 0; filled < tokens;) {
+    const int len = std::min(lo + int(rng() % span), tokens - filled);
+    lengths->push_back(len);
+    filled += len;
+  }
+  return {};
 }
 
 double kv_bytes(const Problem& p) {
@@ -132,6 +181,12 @@ std::string shape_string(const Problem& p) {
   auto pair = [](int a, int b) {
     return a == b ? std::to_string(a) : std::to_string(a) + "/" + std::to_string(b);
   };
+  if (!p.lengths.empty()) {
+    const int64_t total = std::accumulate(p.lengths.begin(), p.lengths.end(), int64_t(0));
+    return "varlen(" + std::to_string(p.lengths.size()) + " docs, " + std::to_string(total) +
+           " tokens, max " + std::to_string(p.seqlen_q) + ")x" + pair(p.heads_q, p.heads_kv) + "x" +
+           pair(p.head_dim, p.head_dim_v) + " " + to_string(p.dtype);
+  }
   std::string s = std::to_string(p.batch) + "x" + pair(p.heads_q, p.heads_kv) + "x" +
                   pair(p.seqlen_q, p.seqlen_k) + "x" + pair(p.head_dim, p.head_dim_v) + " " +
                   to_string(p.dtype);
@@ -158,26 +213,54 @@ std::string mask_string(const Problem& p) {
   return s;
 }
 
+namespace {
+
+// A problem of the sweep at head dim d (heads = hidden / d), without its sequences.
+Problem sweep_problem(const Sweep& s, int d, bool causal) {
+  Problem p;
+  p.heads_q = p.heads_kv = s.hidden / d;
+  p.head_dim = p.head_dim_v = d;
+  p.dtype = s.dtype;
+  p.device = s.device;
+  p.causal = causal;
+  return p;
+}
+
+// The forward and the backward of `p`, as the sweep asks.
+void add_passes(const Sweep& s, Problem p, std::vector<Problem>* out) {
+  for (bool backward : {false, true}) {
+    if (backward ? !s.backward : !s.forward) continue;
+    p.backward = backward;
+    out->push_back(p);
+  }
+}
+
+}  // namespace
+
 std::vector<Problem> sweep_problems(const Sweep& s) {
   std::vector<Problem> out;
   for (int d : s.head_dims) {
     for (int len : s.seqlens) {
       if (d <= 0 || len <= 0 || s.tokens % len || s.hidden % d) continue;
       for (bool causal : s.causal) {
-        Problem p;
+        Problem p = sweep_problem(s, d, causal);
         p.batch = s.tokens / len;
-        p.heads_q = p.heads_kv = s.hidden / d;
         p.seqlen_q = p.seqlen_k = len;
-        p.head_dim = p.head_dim_v = d;
-        p.dtype = s.dtype;
-        p.device = s.device;
-        p.causal = causal;
-        for (bool backward : {false, true}) {
-          if (backward ? !s.backward : !s.forward) continue;
-          p.backward = backward;
-          out.push_back(p);
-        }
+        add_passes(s, p, &out);
       }
+    }
+  }
+  return out;
+}
+
+std::vector<Problem> varlen_problems(const Sweep& s, const std::vector<int>& lengths) {
+  std::vector<Problem> out;
+  for (int d : s.head_dims) {
+    if (d <= 0 || s.hidden % d) continue;
+    for (bool causal : s.causal) {
+      Problem p = sweep_problem(s, d, causal);
+      set_lengths(p, lengths);
+      add_passes(s, p, &out);
     }
   }
   return out;

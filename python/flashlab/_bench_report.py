@@ -33,6 +33,8 @@ def _cell(r: Optional[Result], notes: Dict[str, int]) -> str:
 
 
 def _label(p) -> str:
+    if p.lengths:  # "varlen(9 docs, 16384 tokens, max 3977)x16x128", the dtype left to the header
+        return p.shape.rsplit(" ", 1)[0]
     heads = f"{p.heads_q}" if p.heads_q == p.heads_kv else f"{p.heads_q}/{p.heads_kv}"
     seq = f"{p.seqlen_q}" if p.seqlen_q == p.seqlen_k else f"{p.seqlen_q}x{p.seqlen_k}"
     cache = (f" paged({p.page_size})" if p.page_size else "") + \
@@ -89,7 +91,7 @@ def records(results: List[Result]) -> List[dict]:
                    status=row.status, reason=row.reason, ms=row.time_ms, runs=row.timed_runs,
                    rounds=len(row.round_ms), flops=row.flops,
                    tflops=row.tflops if r.value() == r.value() else None,
-                   page_size=p.page_size, seqlen_new=p.seqlen_new,
+                   page_size=p.page_size, seqlen_new=p.seqlen_new, lengths=list(p.lengths),
                    gbps=r.value() if r.decode and r.value() == r.value() else None,
                    **{f"err_{n}": e for n, e in row.errors.items()})
         out.append(rec)

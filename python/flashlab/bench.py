@@ -2,16 +2,18 @@
 
 The harness is native (include/flashlab/bench.h, as _flashlab.bench): it plans the problems,
 owns the input sets, checks every implementation against cpu_reference in fp64 before
-timing it, times every call with one method and counts the FLOPs. This module adds the
-peers and the tables. GPU: FlashLab kernels, the Triton rung (flashlab.triton_fa2), PyTorch
+timing it, times every call with one method and counts the FLOPs. This module runs the
+sweep with the peers (flashlab._bench_peers) and writes the tables. GPU: FlashLab kernels, the Triton rung (flashlab.triton_fa2), PyTorch
 SDPA's flash and cuDNN backends and FlashAttention-4 (flash_attn.cute) when importable, over
 head dim x seqlen at 16k tokens and hidden 2048, causal and not, forward and backward
 (--quick adds decode problems). CPU (--device cpu): cpu_flash and cpu_reference next to
 PyTorch's CPU SDPA on one shape, at --seqlen or at each of --seqlens. --decode: the
 KV-cache call (forward_kvcache, one query token against a full cache at each of --seqlens,
 paged with --page-size) next to SDPA on [B, H, S, D] copies of the same keys and values,
-judged by GB/s of K and V read; --graphs adds each implementation captured in a CUDA graph. Outputs (flashlab._bench_report): a markdown table (stdout
-and OUT/bench.md), OUT/bench.csv, OUT/bench.json and OUT/plots/*.png (with matplotlib, for a
+judged by GB/s of K and V read; --graphs adds each implementation captured in a CUDA graph.
+--varlen LO-HI: a packed batch of documents of LO to HI tokens in place of the seqlens,
+FlashAttention-4's varlen call its one peer. Outputs (flashlab._bench_report): a markdown
+table (stdout and OUT/bench.md), OUT/bench.csv, OUT/bench.json and OUT/plots/*.png (with matplotlib, for a
 pass at two or more seqlens; otherwise one line on stderr says why none was written).
 Method and commands: docs/BENCHMARK.md.
 """
@@ -27,26 +29,21 @@ import os
 import platform
 import sys
 import time
-import warnings
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List
 
 import flashlab
 from flashlab import _bench_decode, _flashlab
+from flashlab._bench_peers import GRAPH, SDPA_BACKENDS, Skip, first_line, make_peer, refusal
 from flashlab._bench_report import write_outputs
 
 native = _flashlab.bench
 
-SDPA_BACKENDS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
 GPU_PEERS = ("triton_fa2",) + tuple(SDPA_BACKENDS) + ("fa4",)  # the sweep's order
 CPU_PEERS = ("sdpa_cpu",)
 DECODE_PEERS = tuple(SDPA_BACKENDS)  # --decode on the GPU; the CPU's is sdpa_cpu
-GRAPH = "@graph"  # an entry captured in a CUDA graph, replayed per call (--graphs)
 LADDER_KERNELS = ("naive", "fa1", "fa2_simt")  # seconds per call at 16k tokens: opt-in
 DECODE_SEQLENS = [4096, 16384, 65536]  # cache lengths of the decode problems on the GPU
-
-
-class Skip(Exception):
-    """An implementation that does not run a problem, with the reason."""
+VARLEN_SEED = 0  # --varlen: the documents' lengths are the same in every run
 
 
 class Result:
@@ -62,196 +59,6 @@ class Result:
         if self.status not in ("ok", "unchecked"):
             return math.nan
         return self.row.gbps if self.decode else self.row.tflops
-
-
-# ---- peers -----------------------------------------------------------------------------------
-# Each maker returns run(set) -> {output name: tensor}, one call on input set `set`, or
-# raises Skip. Inputs are torch views of the harness's buffers: {q, k, v[, dout]} per set.
-
-
-def _scale(p) -> float:
-    return 1.0 / math.sqrt(p.head_dim)
-
-
-def _autograd_runner(forward: Callable, p, sets, context):
-    """The forward alone, or the backward alone through autograd (one graph per input set,
-    kept with retain_graph)."""
-    import torch
-
-    if not p.backward:
-        def run(i):
-            with context(), torch.no_grad():
-                return {"out": forward(sets[i]["q"], sets[i]["k"], sets[i]["v"])}
-        return run
-    graphs = []
-    for s in sets:
-        leaves = [s[n].detach().requires_grad_() for n in ("q", "k", "v")]
-        with context(), torch.enable_grad():
-            graphs.append((leaves, forward(*leaves)))
-
-    def run(i):
-        leaves, out = graphs[i]
-        with context():
-            dq, dk, dv = torch.autograd.grad(out, leaves, sets[i]["dout"], retain_graph=True)
-        return {"dq": dq, "dk": dk, "dv": dv}
-    return run
-
-
-def _first_line(e: Exception) -> str:
-    return " ".join(str(e).split("\n")[0].split())[:240]
-
-
-def make_sdpa(impl: Optional[str], p, sets):
-    """PyTorch SDPA on [B, H, S, D] views of the [B, S, H, D] inputs (what a model passes),
-    with one backend (GPU), or its own choice (impl None, the CPU)."""
-    import torch.nn.functional as F
-
-    if p.causal and p.seqlen_q != p.seqlen_k:
-        raise Skip("SDPA's is_causal is top-left aligned when seqlen_q != seqlen_k")
-    gqa = {"enable_gqa": True} if p.heads_q != p.heads_kv else {}
-
-    def forward(q, k, v):
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                           v.transpose(1, 2), is_causal=p.causal,
-                                           scale=_scale(p), **gqa)
-        return o.transpose(1, 2)
-
-    context = contextlib.nullcontext
-    if impl is not None:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
-        context = lambda: sdpa_kernel(backend)  # noqa: E731
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            run = _autograd_runner(forward, p, sets, context)
-            run(0)
-            return run
-        except RuntimeError as e:
-            raise Skip(_sdpa_refusal(caught, e)) from None
-
-
-def _sdpa_refusal(caught, error: Exception) -> str:
-    """SDPA says why a backend refused through warnings; keep their text, without the
-    "(Triggered internally at ...)" trailer."""
-    why = []
-    for w in caught:
-        text = " ".join(str(w.message).split()).split(" (Triggered internally")[0]
-        if text and text not in why:
-            why.append(text)
-    return (" ".join(why) if why else _first_line(error))[:240]
-
-
-def make_triton(p, sets):
-    from flashlab import triton_fa2
-
-    scale, causal = _scale(p), p.causal
-    try:
-        if not p.backward:
-            def run(i):
-                s = sets[i]
-                return {"out": triton_fa2.attention_forward(s["q"], s["k"], s["v"], scale, causal)[0]}
-            run(0)
-            return run
-        saved = [triton_fa2.attention_forward(s["q"], s["k"], s["v"], scale, causal) for s in sets]
-
-        def run(i):
-            s = sets[i]
-            dq, dk, dv = triton_fa2.attention_backward(s["dout"], s["q"], s["k"], s["v"],
-                                                       *saved[i], scale, causal)
-            return {"dq": dq, "dk": dk, "dv": dv}
-        run(0)
-        return run
-    except ValueError as e:
-        raise Skip(_first_line(e)) from None
-
-
-def make_fa4(p, sets):
-    """FlashAttention-4 (the flash_attn.cute package), forward alone or backward through
-    autograd."""
-    try:
-        from flash_attn.cute.interface import flash_attn_func
-    except ImportError as e:
-        raise Skip(f"FlashAttention-4 (flash_attn.cute) is not importable: {e}") from None
-
-    def forward(q, k, v):
-        out = flash_attn_func(q, k, v, softmax_scale=_scale(p), causal=p.causal)
-        return out[0] if isinstance(out, tuple) else out
-
-    try:
-        run = _autograd_runner(forward, p, sets, contextlib.nullcontext)
-        run(0)
-        return run
-    except (RuntimeError, ValueError, AssertionError, NotImplementedError) as e:
-        raise Skip(_first_line(e)) from None
-
-
-def make_decode_sdpa(impl: Optional[str], p, sets):
-    """PyTorch SDPA on a decode problem: [B, H, S, D] copies of q and of the keys and values
-    the cache holds (dense_kv), made before timing; enable_gqa where the backend takes it,
-    else K and V expanded to heads_q (the row's bytes stay those of the un-expanded K+V)."""
-    import torch
-    import torch.nn.functional as F
-
-    if p.causal and p.seqlen_q > 1:
-        raise Skip("SDPA's is_causal is top-left aligned when seqlen_q != seqlen_k")
-    context = contextlib.nullcontext
-    if impl is not None:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
-        context = lambda: sdpa_kernel(backend)  # noqa: E731
-    copies = [[x.transpose(1, 2).contiguous() for x in [s["q"]] + _bench_decode.dense_kv(p, s)]
-              for s in sets]
-    group = p.heads_q // p.heads_kv
-
-    def runner(gqa: bool):
-        args = copies if gqa or group == 1 else \
-            [[q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)] for q, k, v in copies]
-        extra = {"enable_gqa": True} if gqa and group > 1 else {}
-
-        def run(i):
-            q, k, v = args[i]
-            with context(), torch.no_grad():
-                o = F.scaled_dot_product_attention(q, k, v, scale=_scale(p), **extra)
-            return {"out": o.transpose(1, 2)}
-        return run
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            run = runner(True)
-            run(0)
-            return run
-        except RuntimeError:
-            pass
-        try:
-            run = runner(False)
-            run(0)
-            return run
-        except RuntimeError as e:
-            raise Skip(_sdpa_refusal(caught, e)) from None
-
-
-def make_peer(impl: str, p, sets):
-    if impl.endswith(GRAPH):
-        base = impl[:-len(GRAPH)]
-        run = _bench_decode.flashlab_runner(base.split(":", 1)[1], p, sets) \
-            if base.startswith("flashlab:") else make_peer(base, p, sets)
-        try:
-            return _bench_decode.graphed(run, len(sets))
-        except RuntimeError as e:
-            raise Skip(f"not capturable in a CUDA graph: {_first_line(e)}") from None
-    if impl.startswith("flashlab:"):  # an entry the native harness does not run (+rotary)
-        return _bench_decode.flashlab_runner(impl.split(":", 1)[1], p, sets)
-    if p.decode:
-        return make_decode_sdpa(None if impl == "sdpa_cpu" else impl, p, sets)
-    if impl == "triton_fa2":
-        return make_triton(p, sets)
-    if impl == "fa4":
-        return make_fa4(p, sets)
-    return make_sdpa(None if impl == "sdpa_cpu" else impl, p, sets)
 
 
 # ---- the sweep -------------------------------------------------------------------------------
@@ -296,9 +103,18 @@ def decode_problems(args, seqlens: List[int]) -> List[object]:
     return out
 
 
+def documents(args, tokens: int) -> List[int]:
+    """--varlen LO-HI: the lengths of the documents that fill `tokens`."""
+    return native.document_lengths(tokens, args.varlen[0], args.varlen[1], VARLEN_SEED)
+
+
 def problems(args) -> List[object]:
     if args.decode:
         out = decode_problems(args, args.seqlens)
+    elif args.device == "cuda" and args.varlen:
+        out = native.varlen_problems(args.hdims, args.causal_list, "fwd" in args.directions,
+                                     "bwd" in args.directions, args.dtype, "cuda",
+                                     documents(args, native.sweep_tokens()))
     elif args.device == "cuda":
         out = native.sweep_problems(args.hdims, args.seqlens, args.causal_list,
                                     "fwd" in args.directions, "bwd" in args.directions,
@@ -306,7 +122,7 @@ def problems(args) -> List[object]:
         if args.quick:  # the decode problems at their defaults
             out += native.decode_problems(DECODE_SEQLENS, 1, args.dtype, "cuda")
     else:
-        out = []  # the CPU shape, at each of --seqlens (default: --seqlen alone)
+        out = []  # the CPU shape, at each of --seqlens (default: --seqlen alone), or its tokens in documents
         for seqlen, causal, direction in itertools.product(args.seqlens, args.causal_list,
                                                            args.directions):
             p = native.Problem()
@@ -314,6 +130,8 @@ def problems(args) -> List[object]:
             p.seqlen_q, p.seqlen_k = seqlen, args.seqlen_k or seqlen
             p.head_dim = p.head_dim_v = args.hdim
             p.dtype, p.device, p.causal, p.backward = args.dtype, "cpu", causal, direction == "bwd"
+            if args.varlen:
+                p.lengths = documents(args, seqlen)
             out.append(p)
     for p in out:
         p.quadratic_workspace_limit = int(args.quadratic_limit * 2**30)
@@ -324,7 +142,7 @@ def input_sets(bench):
     """The harness's input sets as torch tensors (zero copy), or None without torch."""
     if importlib.util.find_spec("torch") is None:
         return None
-    names = ("q", "k", "v", "dout", "k_new", "v_new", "cache_seqlens", "block_table")
+    names = ("q", "k", "v", "dout", "k_new", "v_new", "cache_seqlens", "block_table", "cu_seqlens")
     return [{n: x for n in names if (x := bench.input(i, n)) is not None}
             for i in range(bench.set_count)]
 
@@ -333,6 +151,8 @@ def prepare(bench, impl: str, p, sets) -> object:
     """The entry of one implementation: checked, ready to time (or refused, with the reason)."""
     if impl.startswith("flashlab:") and not impl.endswith(GRAPH) and _bench_decode.ROTARY not in impl:
         return bench.add_kernel(impl.split(":", 1)[1])
+    if refusal(impl, p):
+        return bench.refused(impl, refusal(impl, p))
     if sets is None:
         return bench.refused(impl, "torch is not installed")
     try:
@@ -340,7 +160,7 @@ def prepare(bench, impl: str, p, sets) -> object:
     except Skip as e:
         return bench.refused(impl, str(e))
     except Exception as e:  # a crash of one peer is reported, not fatal to the sweep
-        return bench.refused(impl, f"{type(e).__name__}: {_first_line(e)}", True)
+        return bench.refused(impl, f"{type(e).__name__}: {first_line(e)}", True)
     return bench.add(impl, run)
 
 
@@ -438,9 +258,15 @@ def describe(args, footer: Dict[str, str]) -> str:
     except ImportError:
         parts.append("torch not installed")
     spin = f"{args.spin_up:g} s spin-up; " if args.device == "cuda" else ""
-    return (f"## {', '.join(x for x in parts if x)}\n\n{args.dtype}; {spin}timing: "
+    text = (f"## {', '.join(x for x in parts if x)}\n\n{args.dtype}; {spin}timing: "
             f"{footer.get('timing', '')}; every entry checked against cpu_reference in fp64 "
             "first (docs/BENCHMARK.md).")
+    if args.varlen:
+        tokens = [native.sweep_tokens()] if args.device == "cuda" else args.seqlens
+        docs = "; ".join(f"{t} tokens in {', '.join(map(str, documents(args, t)))}" for t in tokens)
+        text += (f"\n\nVarlen documents (lengths uniform in [{args.varlen[0]}, {args.varlen[1]}], "
+                 f"seed {VARLEN_SEED}, the last cut to fill): {docs}.")
+    return text
 
 
 # ---- command line ----------------------------------------------------------------------------
@@ -456,6 +282,13 @@ def _ints(text: str) -> List[int]:
 
 def _names(text: str) -> List[str]:
     return [k for k in text.split(",") if k]
+
+
+def _range(text: str) -> List[int]:
+    lo, sep, hi = text.partition("-")
+    if not sep or not lo.strip().isdigit() or not hi.strip().isdigit() or not 1 <= int(lo) <= int(hi):
+        raise argparse.ArgumentTypeError(f"LO-HI with 1 <= LO <= HI, got '{text}'")
+    return [int(lo), int(hi)]
 
 
 def parse_args(argv=None):
@@ -490,6 +323,12 @@ def parse_args(argv=None):
     p.add_argument("--graphs", action="store_true",
                    help="--decode on the GPU: also each implementation captured in a CUDA graph "
                         "(name@graph), its time without Python's per-call overhead")
+    p.add_argument("--varlen", type=_range, metavar="LO-HI",
+                   help="a packed varlen batch instead of the sweep's seqlens: documents of LO to "
+                        "HI tokens (uniform, a fixed seed, the last cut to fill) filling the tokens, "
+                        "causal as --causal. GPU: 16k tokens, one problem per head dim, mask and "
+                        "direction at hidden 2048; CPU: --seqlen (or each of --seqlens) tokens on "
+                        "the CPU shape. Peers without a varlen entry (SDPA, triton_fa2) say so")
     p.add_argument("--kernels", type=_names,
                    help="FlashLab kernels to run (comma-separated registry names, or auto)")
     p.add_argument("--peers", type=_names,
@@ -543,6 +382,8 @@ def parse_args(argv=None):
     cuda = args.device == "cuda"
     if not args.decode and (args.page_size or args.append or args.graphs or args.rotary):
         p.error("--page-size, --append, --rotary and --graphs belong to --decode")
+    if args.varlen and (args.decode or args.seqlen_k):
+        p.error("--varlen: queries and keys share the documents (no --seqlen-k), and decode has none")
     if args.rotary and args.append < 1:
         p.error("--rotary rotates the appended keys: give --append 1 (or more)")
     if args.graphs and not cuda:

@@ -175,6 +175,9 @@ void bind_bench(nb::module_& m) {
       .def_rw("page_size", &Problem::page_size)
       .def_rw("seqlen_new", &Problem::seqlen_new)
       .def_rw("quadratic_workspace_limit", &Problem::quadratic_workspace_limit)
+      .def_prop_rw("lengths", [](const Problem& p) { return p.lengths; },
+                   [](Problem& p, std::vector<int> lengths) { set_lengths(p, std::move(lengths)); },
+                   "varlen: the documents' lengths (batch and seqlen_q/seqlen_k follow); [] padded")
       .def("__copy__", [](const Problem& p) { return p; })
       .def_prop_ro("flops", &pass_flops)
       .def_prop_ro("kv_bytes", &kv_bytes)
@@ -206,6 +209,28 @@ void bind_bench(nb::module_& m) {
         nb::arg("heads_kv") = 8, nb::arg("head_dim") = 128, nb::arg("seqlen_q") = 1, nb::arg("page_size") = 0,
         nb::arg("seqlen_new") = 0,
         "KV-cache problems (Problem.decode), one per cache length in `seqlens`");
+
+  b.def("document_lengths",
+        [](int tokens, int lo, int hi, uint64_t seed) {
+          std::vector<int> lengths;
+          raise_if_error(document_lengths(tokens, lo, hi, seed, &lengths));
+          return lengths;
+        },
+        nb::arg("tokens"), nb::arg("lo"), nb::arg("hi"), nb::arg("seed") = 0,
+        "Lengths drawn uniformly from [lo, hi] (seeded) until they fill `tokens`, the last cut to fit");
+  b.def("varlen_problems",
+        [](std::vector<int> head_dims, std::vector<bool> causal, bool forward, bool backward,
+           const std::string& dtype, const std::string& device, const std::vector<int>& lengths) {
+          Sweep s;
+          s.head_dims = std::move(head_dims), s.causal = std::move(causal);
+          s.forward = forward, s.backward = backward;
+          s.dtype = parse_dtype(dtype), s.device = parse_device(device);
+          return varlen_problems(s, lengths);
+        },
+        nb::arg("head_dims"), nb::arg("causal"), nb::arg("forward"), nb::arg("backward"),
+        nb::arg("dtype"), nb::arg("device"), nb::arg("lengths"),
+        "The sweep as one varlen problem per (head dim, causal, direction), heads = hidden / head dim");
+  b.def("sweep_tokens", [] { return Sweep{}.tokens; }, "The sweep's token count");
 
   // Like Problem's above: nanobind lists a struct's fields one .def_rw each.
   nb::class_<TimingOptions>(b, "TimingOptions")
@@ -274,7 +299,8 @@ void bind_bench(nb::module_& m) {
                  {"q", Operand::kQ}, {"k", Operand::kK}, {"v", Operand::kV},
                  {"out", Operand::kOut}, {"lse", Operand::kLse}, {"dout", Operand::kDout},
                  {"k_new", Operand::kKNew}, {"v_new", Operand::kVNew},
-                 {"cache_seqlens", Operand::kCacheSeqlens}, {"block_table", Operand::kBlockTable}};
+                 {"cache_seqlens", Operand::kCacheSeqlens}, {"block_table", Operand::kBlockTable},
+                 {"cu_seqlens", Operand::kCuSeqlens}};
              for (const auto& [n, op] : kOperands)
                if (name == n) {
                  const Tensor t = s.bench->input(set, op);
@@ -287,7 +313,7 @@ void bind_bench(nb::module_& m) {
            nb::arg("set"), nb::arg("name"), nb::arg("framework") = "torch",
            "A view of one operand of input set `set` as a torch tensor (or framework='numpy'); "
            "None when the pass has no such operand. Decode: k and v are the caches, with "
-           "k_new, v_new, cache_seqlens and block_table")
+           "k_new, v_new, cache_seqlens and block_table; varlen: cu_seqlens")
       .def("add_kernel",
            [](PyBench& s, const std::string& name) {
              Entry e;

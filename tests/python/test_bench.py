@@ -459,3 +459,73 @@ def test_the_check_and_the_timer_wait_for_a_peers_gpu_work():
         # measurement above and the timed calls (measured: 29.6 ms, then 20.2 ms per call).
         # A timer that does not wait for the peer reads the attention alone, ~0.05 ms.
         assert e.row.status == "ok" and e.row.time_ms >= 0.5 * sleep_ms, (e.row.time_ms, sleep_ms)
+
+
+# ---- --varlen: a packed batch of documents ------------------------------------------------------
+
+
+def test_the_documents_are_fixed_and_fill_the_tokens():
+    docs = native.document_lengths(16384, 100, 4000)
+    assert docs == native.document_lengths(16384, 100, 4000, 0) != native.document_lengths(16384, 100, 4000, 1)
+    assert sum(docs) == 16384 and all(100 <= n <= 4000 for n in docs[:-1]) and 1 <= docs[-1] <= 4000
+    with pytest.raises(RuntimeError, match="1 <= lo <= hi"):
+        native.document_lengths(100, 50, 10)
+
+
+def test_varlen_problems_on_each_device():
+    args = bench.parse_args(_TINY + ["--seqlens", "300,500", "--varlen", "20-120", "--direction", "both"])
+    ps = bench.problems(args)
+    assert [(sum(p.lengths), p.backward) for p in ps] == [(300, False), (300, True), (500, False), (500, True)]
+    assert all(p.batch == len(p.lengths) and p.seqlen_q == p.seqlen_k == max(p.lengths) for p in ps)
+    assert ps[0].lengths == bench.documents(args, 300) and ps[0].shape.startswith(f"varlen({ps[0].batch} docs, 300 tokens")
+    args.device, args.hdims, args.causal_list = "cuda", [64, 128], [True]  # the GPU plan, built on any machine
+    gpu = bench.problems(args)
+    assert [(p.head_dim, p.heads_q, p.backward) for p in gpu] == [(64, 32, False), (64, 32, True),
+                                                                  (128, 16, False), (128, 16, True)]
+    assert all(sum(p.lengths) == native.sweep_tokens() == 16384 and p.causal and p.device == "cuda" for p in gpu)
+    with pytest.raises(SystemExit):
+        bench.parse_args(_TINY + ["--varlen", "120-20"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(_TINY + ["--varlen", "20-120", "--decode"])
+
+
+def test_every_peer_but_fa4_refuses_a_varlen_problem():
+    p = _problem()
+    p.lengths = [30, 18]
+    for impl in ("sdpa_cpu", "sdpa_flash", "sdpa_cudnn", "triton_fa2", "sdpa_cudnn@graph"):
+        with pytest.raises(bench.Skip, match="^no varlen entry$"):
+            bench.make_peer(impl, p, [])
+    assert bench.refusal("fa4", p) == "" and bench.refusal("flashlab:auto", p) == ""
+    p.lengths = []
+    assert bench.refusal("sdpa_cpu", p) == ""
+
+
+def test_a_cpu_varlen_run_checks_cpu_flash_and_refuses_sdpa(tmp_path, capsys):
+    rc = bench.main(_TINY + ["--seqlen", "300", "--varlen", "20-120", "--direction", "both", "--causal",
+                             "1", "--kernels", "cpu_flash", "--peers", "sdpa_cpu", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    docs = bench.documents(bench.parse_args(_TINY + ["--varlen", "20-120"]), 300)
+    assert f"300 tokens in {', '.join(map(str, docs))}." in out  # the documents, in the header
+    assert f"| varlen({len(docs)} docs, 300 tokens, max {max(docs)})x2x16 | yes |" in out
+    recs = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert [(r["impl"], r["direction"], r["status"]) for r in recs] == [
+        ("flashlab:cpu_flash", "fwd", "ok"), ("sdpa_cpu", "fwd", "unsupported"),
+        ("flashlab:cpu_flash", "bwd", "ok"), ("sdpa_cpu", "bwd", "unsupported")]
+    assert all(r["lengths"] == docs for r in recs)
+    assert all(r["tflops"] > 0 for r in recs if r["status"] == "ok")
+    assert {r["reason"] for r in recs if r["impl"] == "sdpa_cpu"} == {"no varlen entry"}
+
+
+@pytest.mark.cuda
+def test_a_gpu_varlen_run_checks_auto_and_fa4(tmp_path, capsys):
+    rc = bench.main(["--device", "cuda", "--varlen", "100-1000", "--hdims", "128", "--causal", "1",
+                     "--kernels", "auto", "--peers", "fa4,sdpa_cudnn", "--budget", "0.2",
+                     "--no-progress", "--out", str(tmp_path)])
+    recs = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert rc == 0, capsys.readouterr().out
+    ours = [r for r in recs if r["impl"] == "flashlab:auto"]
+    assert len(ours) == 2 and all(r["status"] == "ok" and r["tflops"] > 0 for r in ours)
+    assert {r["reason"] for r in recs if r["impl"] == "sdpa_cudnn"} == {"no varlen entry"}
+    fa4 = [r for r in recs if r["impl"] == "fa4"]
+    assert all(r["status"] == "ok" or "not importable" in r["reason"] for r in fa4), fa4

@@ -115,6 +115,15 @@ class Problem:
     @quadratic_workspace_limit.setter
     def quadratic_workspace_limit(self, arg: int, /) -> None: ...
 
+    @property
+    def lengths(self) -> list[int]:
+        """
+        varlen: the documents' lengths (batch and seqlen_q/seqlen_k follow); [] padded
+        """
+
+    @lengths.setter
+    def lengths(self, arg: Sequence[int], /) -> None: ...
+
     def __copy__(self) -> Problem: ...
 
     @property
@@ -133,6 +142,19 @@ def sweep_problems(head_dims: Sequence[int], seqlens: Sequence[int], causal: Seq
 
 def decode_problems(seqlens: Sequence[int], batch: int, dtype: str, device: str, heads_q: int = 32, heads_kv: int = 8, head_dim: int = 128, seqlen_q: int = 1, page_size: int = 0, seqlen_new: int = 0) -> list[Problem]:
     """KV-cache problems (Problem.decode), one per cache length in `seqlens`"""
+
+def document_lengths(tokens: int, lo: int, hi: int, seed: int = 0) -> list[int]:
+    """
+    Lengths drawn uniformly from [lo, hi] (seeded) until they fill `tokens`, the last cut to fit
+    """
+
+def varlen_problems(head_dims: Sequence[int], causal: Sequence[bool], forward: bool, backward: bool, dtype: str, device: str, lengths: Sequence[int]) -> list[Problem]:
+    """
+    The sweep as one varlen problem per (head dim, causal, direction), heads = hidden / head dim
+    """
+
+def sweep_tokens() -> int:
+    """The sweep's token count"""
 
 class TimingOptions:
     def __init__(self) -> None: ...
@@ -180,7 +202,7 @@ class Bench:
 
     def input(self, set: int, name: str, framework: str = 'torch') -> object:
         """
-        A view of one operand of input set `set` as a torch tensor (or framework='numpy'); None when the pass has no such operand. Decode: k and v are the caches, with k_new, v_new, cache_seqlens and block_table
+        A view of one operand of input set `set` as a torch tensor (or framework='numpy'); None when the pass has no such operand. Decode: k and v are the caches, with k_new, v_new, cache_seqlens and block_table; varlen: cu_seqlens
         """
 
     def add_kernel(self, arg: str, /) -> Entry: ...

@@ -96,7 +96,7 @@ struct Problem {
 // cu_seqlens_of(p)).
 ForwardArgs shape_args(const Problem& p);
 // Makes `p` a varlen problem of these lengths (batch, seqlen_q and seqlen_k follow them);
-// empty makes it padded again, its sizes as they were.
+// empty makes it padded again, with batch and seqlens left as they are.
 void set_lengths(Problem& p, std::vector<int> lengths);
 // {0, l0, l0 + l1, ...}: the cu_seqlens of a varlen problem; empty when padded.
 std::vector<int32_t> cu_seqlens_of(const Problem& p);

@@ -125,10 +125,8 @@ ForwardArgs shape_args(const Problem& p) {
     a.max_seqlen_q = p.seqlen_q;
     a.max_seqlen_k = p.seqlen_k;
   }
-  a.causal = p.causal;
-  a.window_left = p.window_left;
-  a.window_right = p.window_right;
-  a.softcap = p.softcap;
+  a.causal = p.causal, a.softcap = p.softcap;
+  a.window_left = p.window_left, a.window_right = p.window_right;
   return a;
 }
 

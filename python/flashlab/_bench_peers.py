@@ -217,8 +217,8 @@ def make_peer(impl: str, p, sets):
             raise Skip(f"not capturable in a CUDA graph: {first_line(e)}") from None
     if impl.startswith("flashlab:"):  # an entry the native harness does not run (+rotary)
         return _bench_decode.flashlab_runner(impl.split(":", 1)[1], p, sets)
-    if refusal(impl, p):
-        raise Skip(refusal(impl, p))
+    if why := refusal(impl, p):
+        raise Skip(why)
     if p.decode:
         return make_decode_sdpa(None if impl == "sdpa_cpu" else impl, p, sets)
     if impl == "triton_fa2":

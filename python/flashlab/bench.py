@@ -1,20 +1,21 @@
 """`python -m flashlab.bench`: FlashLab next to its peers, in one process, on the same inputs.
 
 The harness is native (include/flashlab/bench.h, as _flashlab.bench): it plans the problems,
-owns the input sets, checks every implementation against cpu_reference in fp64 before
-timing it, times every call with one method and counts the FLOPs. This module runs the
-sweep with the peers (flashlab._bench_peers) and writes the tables. GPU: FlashLab kernels, the Triton rung (flashlab.triton_fa2), PyTorch
-SDPA's flash and cuDNN backends and FlashAttention-4 (flash_attn.cute) when importable, over
-head dim x seqlen at 16k tokens and hidden 2048, causal and not, forward and backward
-(--quick adds decode problems). CPU (--device cpu): cpu_flash and cpu_reference next to
-PyTorch's CPU SDPA on one shape, at --seqlen or at each of --seqlens. --decode: the
-KV-cache call (forward_kvcache, one query token against a full cache at each of --seqlens,
-paged with --page-size) next to SDPA on [B, H, S, D] copies of the same keys and values,
-judged by GB/s of K and V read; --graphs adds each implementation captured in a CUDA graph.
---varlen LO-HI: a packed batch of documents of LO to HI tokens in place of the seqlens,
-FlashAttention-4's varlen call its one peer. Outputs (flashlab._bench_report): a markdown
-table (stdout and OUT/bench.md), OUT/bench.csv, OUT/bench.json and OUT/plots/*.png (with matplotlib, for a
-pass at two or more seqlens; otherwise one line on stderr says why none was written).
+owns the input sets, checks every implementation against cpu_reference in fp64 before timing
+it, times every call with one method and counts the FLOPs. This module runs the sweep with
+the peers (flashlab._bench_peers) and writes the tables. GPU: FlashLab kernels, the Triton
+rung (flashlab.triton_fa2), PyTorch SDPA's flash and cuDNN backends and FlashAttention-4
+(flash_attn.cute) when importable, over head dim x seqlen at 16k tokens and hidden 2048,
+causal and not, forward and backward (--quick adds decode problems). CPU (--device cpu):
+cpu_flash and cpu_reference next to PyTorch's CPU SDPA on one shape, at --seqlen or at each
+of --seqlens. --decode: the KV-cache call (forward_kvcache, one query token against a full
+cache at each of --seqlens, paged with --page-size) next to SDPA on [B, H, S, D] copies of
+the same keys and values, judged by GB/s of K and V read; --graphs adds each implementation
+captured in a CUDA graph. --varlen LO-HI: a packed batch of documents of LO to HI tokens in
+place of the seqlens, FlashAttention-4's varlen call its one peer. Outputs
+(flashlab._bench_report): a markdown table (stdout and OUT/bench.md), OUT/bench.csv,
+OUT/bench.json and OUT/plots/*.png (with matplotlib, for a pass at two or more seqlens;
+otherwise one line on stderr says why none was written).
 Method and commands: docs/BENCHMARK.md.
 """
 
@@ -151,8 +152,8 @@ def prepare(bench, impl: str, p, sets) -> object:
     """The entry of one implementation: checked, ready to time (or refused, with the reason)."""
     if impl.startswith("flashlab:") and not impl.endswith(GRAPH) and _bench_decode.ROTARY not in impl:
         return bench.add_kernel(impl.split(":", 1)[1])
-    if refusal(impl, p):
-        return bench.refused(impl, refusal(impl, p))
+    if why := refusal(impl, p):
+        return bench.refused(impl, why)
     if sets is None:
         return bench.refused(impl, "torch is not installed")
     try:

@@ -21,20 +21,28 @@ struct BwdEntries {
   size_t (*workspace_bytes)(const BwdParams&);
 };
 
-template <DType kDtype>
+template <DType kDtype, int kHeadDim>
 constexpr BwdEntries entries() {
-  using I = BwdInstance<kDtype, 128>;
+  using I = BwdInstance<kDtype, kHeadDim>;
   return {&I::run, &I::kernel, &I::smem_bytes, &I::workspace_bytes};
 }
 
-BwdEntries entries_for(const BwdParams& p) {
-  if constexpr (cuda::head_dim_built(128))
-    return p.dtype == DType::kF16 ? entries<DType::kF16>() : entries<DType::kBF16>();
+// One head dim's instances; none for a head dim this build did not compile
+// (FLASHLAB_HEAD_DIMS), which supports_bwd refuses before they are needed.
+template <int kHeadDim>
+BwdEntries of_dtype(bool fp16) {
+  if constexpr (cuda::head_dim_built(kHeadDim))
+    return fp16 ? entries<DType::kF16, kHeadDim>() : entries<DType::kBF16, kHeadDim>();
   else
     return {};
 }
 
-constexpr int kHeadDims[] = {128};
+BwdEntries entries_for(const BwdParams& p) {
+  const bool fp16 = p.dtype == DType::kF16;
+  return p.head_dim == 64 ? of_dtype<64>(fp16) : of_dtype<128>(fp16);
+}
+
+constexpr int kHeadDims[] = {64, 128};
 
 }  // namespace
 
@@ -42,7 +50,7 @@ std::string supports_bwd(const BwdParams& p) {
   FL_REFUSE_IF(cuda::refuse_placement(p, cuda::Inputs::kHalf, "the wgmma path"));
   FL_REFUSE_IF(cuda::refuse_unequal_head_dims(p));
   FL_REFUSE_IF(cuda::refuse_head_dim(p.head_dim, kHeadDims,
-                                     "128 (the Hopper backward's instances; other head dims run on cute_fa2)"));
+                                     "64 or 128 (the Hopper backward's instances; other head dims run on cute_fa2)"));
   FL_REFUSE_IF(cuda::refuse_grid_heads_batch(p));
   // Q, dO, K and V as the launch maps them (bwd_kernel.cuh; varlen: every sequence packed in
   // rows, one "batch"). With no key the kernel is not launched; with no query row Q and dO

@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/head_dims.h"
@@ -27,19 +28,16 @@ constexpr BwdEntries entries() {
   return {&I::run, &I::kernel, &I::smem_bytes, &I::workspace_bytes};
 }
 
-// One head dim's instances; none for a head dim this build did not compile
+// The instances that serve p; none for a head dim this build did not compile
 // (FLASHLAB_HEAD_DIMS), which supports_bwd refuses before they are needed.
-template <int kHeadDim>
-BwdEntries of_dtype(bool fp16) {
-  if constexpr (cuda::head_dim_built(kHeadDim))
-    return fp16 ? entries<DType::kF16, kHeadDim>() : entries<DType::kBF16, kHeadDim>();
-  else
-    return {};
-}
-
 BwdEntries entries_for(const BwdParams& p) {
   const bool fp16 = p.dtype == DType::kF16;
-  return p.head_dim == 64 ? of_dtype<64>(fp16) : of_dtype<128>(fp16);
+  auto at = [fp16](auto head_dim) -> BwdEntries {  // head_dim: an integral_constant
+    constexpr int d = decltype(head_dim)::value;
+    if constexpr (cuda::head_dim_built(d)) return fp16 ? entries<DType::kF16, d>() : entries<DType::kBF16, d>();
+    return {};
+  };
+  return p.head_dim == 64 ? at(std::integral_constant<int, 64>{}) : at(std::integral_constant<int, 128>{});
 }
 
 constexpr int kHeadDims[] = {64, 128};

@@ -26,11 +26,20 @@ if("90a" IN_LIST FLASHLAB_CUDA_ARCHS AND FLASHLAB_SM90_FWD_HEAD_DIMS)
     endforeach()
   endforeach()
 
-  # The backward (cute_fa3's backward pass): instances at head dim 128.
-  if(128 IN_LIST FLASHLAB_HEAD_DIMS)
-    list(APPEND FLASHLAB_SM90_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/bwd_dispatch.cu
-      ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/instantiations/bwd_hdim128_fp16.cu
-      ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/instantiations/bwd_hdim128_bf16.cu)
+  # The backward (cute_fa3's backward pass): instances at head dims 64 and 128, those of
+  # FLASHLAB_HEAD_DIMS.
+  set(_bwd_dims "")
+  foreach(hdim 64 128)
+    if(hdim IN_LIST FLASHLAB_HEAD_DIMS)
+      list(APPEND _bwd_dims ${hdim})
+      foreach(dtype fp16 bf16)
+        list(APPEND FLASHLAB_SM90_SOURCES
+          ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/instantiations/bwd_hdim${hdim}_${dtype}.cu)
+      endforeach()
+    endif()
+  endforeach()
+  if(_bwd_dims)
+    list(APPEND FLASHLAB_SM90_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/bwd_dispatch.cu)
     set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/fwd_dispatch.cu APPEND PROPERTY
       COMPILE_DEFINITIONS FLASHLAB_SM90_BWD=1)
   endif()

@@ -46,16 +46,17 @@ template struct flashlab::sm80::KvInstance<flashlab::DType::{enum}, {hdim}>;
 """
 
 
+def per_head_dim(out_dir, kind, head_dims, template):
+    """One file per (head dim, dtype) of one pass (fwd, bwd, kv): (path, text)."""
+    for hdim in head_dims:
+        for dtype, enum in DTYPES.items():
+            yield out_dir / f"{kind}_hdim{hdim}_{dtype}.cu", template.format(hdim=hdim, dtype=dtype, enum=enum)
+
+
 def files():
-    for hdim in FWD_HEAD_DIMS:
-        for dtype, enum in DTYPES.items():
-            yield OUT_DIR / f"fwd_hdim{hdim}_{dtype}.cu", TEMPLATE.format(hdim=hdim, dtype=dtype, enum=enum)
-    for hdim in BWD_HEAD_DIMS:
-        for dtype, enum in DTYPES.items():
-            yield OUT_DIR / f"bwd_hdim{hdim}_{dtype}.cu", BWD_TEMPLATE.format(hdim=hdim, dtype=dtype, enum=enum)
-    for hdim in KV_HEAD_DIMS:
-        for dtype, enum in DTYPES.items():
-            yield OUT_DIR / f"kv_hdim{hdim}_{dtype}.cu", KV_TEMPLATE.format(hdim=hdim, dtype=dtype, enum=enum)
+    yield from per_head_dim(OUT_DIR, "fwd", FWD_HEAD_DIMS, TEMPLATE)
+    yield from per_head_dim(OUT_DIR, "bwd", BWD_HEAD_DIMS, BWD_TEMPLATE)
+    yield from per_head_dim(OUT_DIR, "kv", KV_HEAD_DIMS, KV_TEMPLATE)
 
 
 def main(files=files, doc=__doc__):

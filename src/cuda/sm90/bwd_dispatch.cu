@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/head_dims.h"
@@ -21,20 +22,25 @@ struct BwdEntries {
   size_t (*workspace_bytes)(const BwdParams&);
 };
 
-template <DType kDtype>
+template <DType kDtype, int kHeadDim>
 constexpr BwdEntries entries() {
-  using I = BwdInstance<kDtype, 128>;
+  using I = BwdInstance<kDtype, kHeadDim>;
   return {&I::run, &I::kernel, &I::smem_bytes, &I::workspace_bytes};
 }
 
+// The instances that serve p; none for a head dim this build did not compile
+// (FLASHLAB_HEAD_DIMS), which supports_bwd refuses before they are needed.
 BwdEntries entries_for(const BwdParams& p) {
-  if constexpr (cuda::head_dim_built(128))
-    return p.dtype == DType::kF16 ? entries<DType::kF16>() : entries<DType::kBF16>();
-  else
+  const bool fp16 = p.dtype == DType::kF16;
+  auto at = [fp16](auto head_dim) -> BwdEntries {  // head_dim: an integral_constant
+    constexpr int d = decltype(head_dim)::value;
+    if constexpr (cuda::head_dim_built(d)) return fp16 ? entries<DType::kF16, d>() : entries<DType::kBF16, d>();
     return {};
+  };
+  return p.head_dim == 64 ? at(std::integral_constant<int, 64>{}) : at(std::integral_constant<int, 128>{});
 }
 
-constexpr int kHeadDims[] = {128};
+constexpr int kHeadDims[] = {64, 128};
 
 }  // namespace
 
@@ -42,7 +48,7 @@ std::string supports_bwd(const BwdParams& p) {
   FL_REFUSE_IF(cuda::refuse_placement(p, cuda::Inputs::kHalf, "the wgmma path"));
   FL_REFUSE_IF(cuda::refuse_unequal_head_dims(p));
   FL_REFUSE_IF(cuda::refuse_head_dim(p.head_dim, kHeadDims,
-                                     "128 (the Hopper backward's instances; other head dims run on cute_fa2)"));
+                                     "64 or 128 (the Hopper backward's instances; other head dims run on cute_fa2)"));
   FL_REFUSE_IF(cuda::refuse_grid_heads_batch(p));
   // Q, dO, K and V as the launch maps them (bwd_kernel.cuh; varlen: every sequence packed in
   // rows, one "batch"). With no key the kernel is not launched; with no query row Q and dO

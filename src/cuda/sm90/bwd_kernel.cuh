@@ -406,7 +406,8 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     cutlass::arch::fence_view_async_shared();
     NamedBarrier::sync(Tr::kNConsumerThreads, Tr::kDsBarrier);
 
-    // dQ = dS K (this warpgroup's half of the head dim), then dK += dSᵀ Q.
+    // dQ = dS K (this warpgroup's half: of the head dim, or of the rows; bwd_traits.h), then
+    // dK += dSᵀ Q.
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
     Tensor tDqrDs_st = tDqrDs(_, _, _, ds_st);  // (MMA, MMA_M, MMA_N)
     warpgroup_gemm_issue<true>(mma_dq, tDqrDs_st, tDqrKt, acc_dq);

@@ -82,11 +82,23 @@ struct BwdTraits {
                            GMMA::Major::MN>(),
       Layout<Shape<Int<kNConsumerWarpgroups>, _1, _1>>{}));
   // dQ = dS K: (queries, D, keys); A = dS (K-major, keys contiguous), B = Kᵀ read MN-major
-  // from K's bytes; warpgroup w computes columns [w·D/2, (w + 1)·D/2) of dQ over all keys.
-  using TiledMmaDq = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<BlkM, HalfD, BlkN>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      Layout<Shape<_1, Int<kNConsumerWarpgroups>, _1>>{}));
+  // from K's bytes, over all keys. The warpgroups split it by head-dim columns, w computing
+  // [w·D/2, (w + 1)·D/2), where half the head dim is whole 64-column swizzle atoms of Kᵀ;
+  // at head dim 64 (32 columns each, half an atom) by query rows instead, 64 each.
+  static constexpr bool kDqSplitsRows = (kHeadDim / kNConsumerWarpgroups) % 64 != 0;
+  static_assert(!kDqSplitsRows || kBlockM == 64 * kNConsumerWarpgroups,
+                "dQ split by rows: 64 query rows per consumer warpgroup");
+  static auto dq_tiled_mma() {
+    if constexpr (kDqSplitsRows)
+      return make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, HeadDim, BlkN>,
+                                                 GMMA::Major::K, GMMA::Major::MN>(),
+                            Layout<Shape<Int<kNConsumerWarpgroups>, _1, _1>>{});
+    else
+      return make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<BlkM, HalfD, BlkN>,
+                                                 GMMA::Major::K, GMMA::Major::MN>(),
+                            Layout<Shape<_1, Int<kNConsumerWarpgroups>, _1>>{});
+  }
+  using TiledMmaDq = decltype(dq_tiled_mma());
 
   // ---- shared memory --------------------------------------------------------------------
   using SmemLayoutAtom = GMMA::Layout_K_SW128_Atom<Element>;  // (8, 64)
@@ -148,14 +160,19 @@ struct BwdTraits {
   }
 };
 
-// The tile shapes per head dim: 64 query rows × 128 keys at head dim 128 (FlashAttention-3's
-// masked configuration), two consumer warpgroups of 64 keys each. Per consumer thread, fp32:
-// Sᵀ 32 + dPᵀ 32 + dK 64 + dV 64 + dQ 32, with P and dS rounded into 16 registers each.
-// Shared memory: Q 32 + dO 32 + K 32 + V 32 + dS 32 + dQ 32 KiB, and 1 KiB of LSE and D.
+// The tile shapes per head dim, two consumer warpgroups of 64 keys each:
+// - head dim 128: 64 query rows × 128 keys (FlashAttention-3's masked configuration). Per
+//   consumer thread, fp32: Sᵀ 32 + dPᵀ 32 + dK 64 + dV 64 + dQ 32, with P and dS rounded into
+//   16 registers each. Shared memory: Q 32 + dO 32 + K 32 + V 32 + dS 32 + dQ 32 KiB, and
+//   1 KiB of LSE and D.
+// - head dim 64: 128 query rows × 128 keys, dQ split by rows. Per consumer thread, fp32:
+//   Sᵀ 64 + dPᵀ 64 + dK 32 + dV 32 + dQ 32, P and dS in 32 registers each: the same peak as at
+//   head dim 128 (Sᵀ, dPᵀ, dK and dV while the scores are formed). Shared memory: Q 32 +
+//   dO 32 + K 16 + V 16 + dS 64 + dQ 32 KiB, and 2 KiB of LSE and D.
 template <DType kDtype, int kHeadDim>
 struct BwdConfig {
-  static_assert(kHeadDim == 128, "the Hopper backward has instances at head dim 128 only");
-  using Traits = BwdTraits<typename cuda::ElementFor<kDtype>::type, kHeadDim, 64, 128>;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "the Hopper backward has instances at head dims 64 and 128");
+  using Traits = BwdTraits<typename cuda::ElementFor<kDtype>::type, kHeadDim, kHeadDim == 64 ? 128 : 64, 128>;
 };
 
 }  // namespace flashlab::sm90

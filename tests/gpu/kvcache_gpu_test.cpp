@@ -63,7 +63,7 @@ std::vector<KvCase> gpu_cases() {
   // Head dims 96 (keys per warp) and 192 (32-key tiles, two stages).
   add({"bf16_d96_decode_gqa4", kBF16, 1, 8, 2, 1024, 0, {1000, 77}}, 96);
   add({"fp16_d192_paged64_append4_causal", kF16, 4, 4, 2, 512, 64, {400, 3}, 4}, 192)->causal = true;
-  // More splits than one warp of the combine covers (its loop over splits runs twice).
+  // More splits than 32: each lane of the combine's LSE merge holds several (l, l + 32, ...).
   add({"bf16_d128_100_splits", kBF16, 1, 8, 2, 8192, 0, {8000, 6500}}, 128)->num_splits = 100;
   // Split counts: one, and more than the shortest sequence has key tiles (empty splits).
   add({"bf16_d128_one_split", kBF16, 1, 8, 2, 2048, 0, {2000, 700}}, 128)->num_splits = 1;

@@ -143,14 +143,13 @@ std::string supports_kv(const KvCacheParams& p) {
     return "softmax_scale must be >= 0 without softcap, got " + std::to_string(p.scale);
   const KvEntries in = entries_for<KvEntries>(p);
   if (int64_t(p.batch) * p.heads_kv > INT32_MAX) return "batch·heads_kv must be < 2^31 (grid x)";
+  if (int64_t(p.batch) * p.heads_q * p.seqlen_q > INT32_MAX)
+    return "batch·heads_q·seqlen_q must be < 2^31 (the split combine's grid x)";
   if (kv_row_blocks(p, in.block_m()) > 65535)
     return "seqlen_q·heads_q/heads_kv must be <= " + std::to_string(65535 * in.block_m()) +
            " (grid z of 64-row blocks)";
   return cuda::device_supports(p.device_index, in.smem_bytes(), in.kernel(p));
 }
-
-// The most splits of a sequence's keys (the combine reads each row's splits in one warp loop).
-constexpr int kMaxSplits = 128;
 
 // How many splits the keys of each (sequence, KV head, row block) get: the caller's
 // num_splits (at most kMaxSplits and the cache's key tiles), or with 0 the fewest that keep

@@ -17,6 +17,10 @@ inline int64_t kv_row_blocks(const KvCacheParams& p, int block_m) {
   return (int64_t(p.seqlen_q) * p.group + block_m - 1) / block_m;
 }
 
+// The most splits of a sequence's keys: the combine keeps one weight per split in shared
+// memory (kv_kernel.cuh).
+constexpr int kMaxSplits = 128;
+
 template <DType kDtype, int kHeadDim>
 struct KvInstance {
   // Appends the new rows, runs the split-KV kernel and, with splits > 1, the combine; on

@@ -396,42 +396,64 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
 }
 
 // ---- combine -----------------------------------------------------------------------------
-// One warp per row (b, h, i) of out: the splits' LSEs merged, then their O's weighted by
-// e^(LSE_s − LSE); a split that saw no key has LSE_s = −inf and weight 0 (its O is not
-// read). grid ceil(rows_all / 4), 128 threads.
+// One CTA per row (b, h, i) of out. Warp 0 merges the splits' LSEs (lane l holds splits
+// l, l + 32, ...) and puts each split's weight e^(LSE_s − LSE) in shared memory; then the four
+// warps take every fourth split, their loads of O_s independent of one another (no load waits
+// on an LSE), and sum their shares through shared memory. A split that saw no key has
+// LSE_s = −inf and weight 0: its O is not read. Columns go c = e·32 + lane, so that each load
+// of a warp reads 128 contiguous bytes. grid rows_all, 128 threads.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(128) kv_combine_kernel(const __grid_constant__ KvCacheParams p,
                                                          int splits) {
-  const int64_t rows_all = kv_rows_all(p);
-  const int64_t row = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows_all) return;
-  const float* lse_s = kv_lse_partial(p, splits) + row;
-  float m = -INFINITY;
-  for (int s = lane; s < splits; s += 32) m = fmaxf(m, lse_s[s * rows_all]);
-  for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
-  float sum = 0.f;
-  for (int s = lane; s < splits; s += 32) sum += part_exp(lse_s[s * rows_all], m);
-  for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-  const float lse = merged_lse(m, sum);
-
-  constexpr int kPerLane = kHeadDim / 32;  // columns lane·kPerLane + e
-  float acc[kPerLane] = {};
-  for (int s = 0; s < splits; ++s) {
-    const float l = lse_s[s * rows_all];
-    if (l == -INFINITY) continue;
-    const float w = part_exp(l, lse);
-    const float* o = static_cast<const float*>(p.workspace) + (s * rows_all + row) * kHeadDim;
+  constexpr int kWarps = 4, kPerLane = kHeadDim / 32, kLsePerLane = kMaxSplits / 32;
+  static_assert(kHeadDim % 32 == 0 && kMaxSplits % 32 == 0);
+  __shared__ float weight[kMaxSplits];
+  __shared__ float share[kWarps][kHeadDim];
+  __shared__ float row_lse;
+  const int64_t rows_all = kv_rows_all(p), row = blockIdx.x;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (warp == 0) {
+    const float* lse_s = kv_lse_partial(p, splits) + row;
+    float l[kLsePerLane], m = -INFINITY, sum = 0.f;
     CUTE_UNROLL
-    for (int e = 0; e < kPerLane; ++e) acc[e] += w * o[lane * kPerLane + e];
+    for (int j = 0; j < kLsePerLane; ++j) {
+      const int s = j * 32 + lane;
+      l[j] = s < splits ? lse_s[s * rows_all] : -INFINITY;
+      m = fmaxf(m, l[j]);
+    }
+    for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+    CUTE_UNROLL
+    for (int j = 0; j < kLsePerLane; ++j) sum += part_exp(l[j], m);
+    for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    const float lse = merged_lse(m, sum);
+    CUTE_UNROLL
+    for (int j = 0; j < kLsePerLane; ++j)
+      if (j * 32 + lane < splits) weight[j * 32 + lane] = l[j] == -INFINITY ? 0.f : part_exp(l[j], lse);
+    if (lane == 0) row_lse = lse;
   }
+  __syncthreads();
+
+  float acc[kPerLane] = {};
+#pragma unroll 4
+  for (int s = warp; s < splits; s += kWarps) {
+    const float w = weight[s];
+    if (w == 0.f) continue;
+    const float* o = static_cast<const float*>(p.workspace) + (s * rows_all + row) * kHeadDim + lane;
+    CUTE_UNROLL
+    for (int e = 0; e < kPerLane; ++e) acc[e] += w * o[e * 32];
+  }
+  CUTE_UNROLL
+  for (int e = 0; e < kPerLane; ++e) share[warp][e * 32 + lane] = acc[e];
+  __syncthreads();
+
   const int i = int(row % p.seqlen_q), h = int(row / p.seqlen_q % p.heads_q),
             b = int(row / p.seqlen_q / p.heads_q);
   Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + i * p.o_row_stride +
-                 h * p.o_head_stride + lane * kPerLane;
-  CUTE_UNROLL
-  for (int e = 0; e < kPerLane; ++e) out[e] = Element(acc[e]);
-  if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = lse;
+                 h * p.o_head_stride;
+  for (int c = threadIdx.x; c < kHeadDim; c += kWarps * 32)
+    out[c] = Element(share[0][c] + share[1][c] + share[2][c] + share[3][c]);
+  if (threadIdx.x == 0 && p.lse != nullptr)
+    p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row_lse;
 }
 
 // ---- launch ------------------------------------------------------------------------------
@@ -478,8 +500,7 @@ Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
   FL_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(p.batch * p.heads_kv, splits, row_blocks),
                                  dim3(Tr::kNThreads), args, size_t(Config::kSmemBytes), stream));
   if (splits > 1) {
-    const int64_t blocks = (kv_rows_all(p) + 3) / 4;
-    kv_combine_kernel<Element, kHeadDim><<<unsigned(blocks), 128, 0, stream>>>(a, splits);
+    kv_combine_kernel<Element, kHeadDim><<<unsigned(kv_rows_all(p)), 128, 0, stream>>>(a, splits);
     FL_CUDA_CHECK_LAUNCH();
   }
   return {};

@@ -13,7 +13,7 @@
 // Deterministic mode: the dQ warp adds each query block's partial sums in ascending order of
 // key blocks, through a turn counter per (batch, head, query block) (bwd_turn).
 //
-// What this version leaves out, and refuses (bwd_dispatch.cu): head dims other than 128,
+// What this version leaves out, and refuses (bwd_dispatch.cu): head dims other than 64 and 128,
 // dropout.
 #pragma once
 

@@ -184,6 +184,10 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kHeadDim = Tr::kHeadDim;
   constexpr int kWarps = Tr::kNWarps;
   static_assert(!kKeysPerWarp || kBlockN == 16 * kWarps, "16 keys per warp and tile");
+  // Launched early (launch_after): nothing is read before the prior kernel (the append, or
+  // whatever wrote q and the cache) has ended; the combine may then be launched.
+  cuda::wait_for_prior_grid();
+  cuda::allow_dependents();
 
   const int b = blockIdx.x / p.heads_kv, hk = blockIdx.x % p.heads_kv, split = blockIdx.y;
   const int g = p.group, len_q = p.seqlen_q;
@@ -412,6 +416,8 @@ __global__ void __launch_bounds__(128) kv_combine_kernel(const __grid_constant__
   __shared__ float row_lse;
   const int64_t rows_all = kv_rows_all(p), row = blockIdx.x;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  cuda::wait_for_prior_grid();  // the split-KV kernel's partials (launched early)
+  cuda::allow_dependents();
   if (warp == 0) {
     const float* lse_s = kv_lse_partial(p, splits) + row;
     float l[kLsePerLane], m = -INFINITY, sum = 0.f;
@@ -476,9 +482,17 @@ Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
   using Tr = typename Config::Traits;
   using Element = typename Tr::Element;
   const auto stream = static_cast<cudaStream_t>(p.stream);
+  // Where the device runs sm_90 code for these kernels (one translation unit, one set of
+  // archs), every kernel of the call is launched early (launch_after): each is resident and
+  // waiting when the kernel before it ends.
+  const void* combine = reinterpret_cast<const void*>(kv_combine_kernel<Element, kHeadDim>);
+  const bool early = cuda::has_dependent_launch(combine);
   if (p.k_new != nullptr && kv_append_rows(p) > 0) {
-    kv_append_kernel<Element><<<dim3(kv_append_rows(p), p.heads_kv, p.batch), 128, 0, stream>>>(p);
-    FL_CUDA_CHECK_LAUNCH();
+    KvCacheParams ap = p;
+    void* append_args[] = {&ap};
+    FL_CUDA_CHECK(cuda::launch_after(reinterpret_cast<const void*>(kv_append_kernel<Element>),
+                                     dim3(kv_append_rows(p), p.heads_kv, p.batch), dim3(128), 0,
+                                     stream, append_args, early));
   }
   // The API runs a call with no query rows only for its append (src/api/dispatch.cpp's
   // nothing_to_write): then the append is the whole call.
@@ -497,12 +511,12 @@ Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
     FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Config::kSmemBytes));
   void* args[] = {&a, &splits};
-  FL_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(p.batch * p.heads_kv, splits, row_blocks),
-                                 dim3(Tr::kNThreads), args, size_t(Config::kSmemBytes), stream));
-  if (splits > 1) {
-    kv_combine_kernel<Element, kHeadDim><<<unsigned(kv_rows_all(p)), 128, 0, stream>>>(a, splits);
-    FL_CUDA_CHECK_LAUNCH();
-  }
+  FL_CUDA_CHECK(cuda::launch_after(kernel, dim3(p.batch * p.heads_kv, splits, row_blocks),
+                                   dim3(Tr::kNThreads), size_t(Config::kSmemBytes), stream, args,
+                                   early));
+  if (splits > 1)
+    FL_CUDA_CHECK(cuda::launch_after(combine, dim3(unsigned(kv_rows_all(p))), dim3(128), 0,
+                                     stream, args, early));
   return {};
 }
 template <DType kDtype, int kHeadDim>

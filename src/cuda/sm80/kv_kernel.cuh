@@ -18,7 +18,8 @@
 // Loads: a ring of (K, V) tiles in shared memory (KvConfig::kStages), filled by cp.async
 // with one address per cache row; the tiles after the one in the MMAs are in flight while
 // they run. A paged cache costs one block_table read per tile where pages hold whole tiles,
-// else one per row. Every table value is clamped before use (KvCacheParams, common/params.h).
+// else one per row of the thread's, all issued before its first copy and shared by K and V.
+// Every table value is clamped before use (KvCacheParams, common/params.h).
 //
 // The MMA side is the forward's (fwd_kernel.cuh): S = Q Kᵀ from shared memory (gemm_ss), the
 // online softmax in exp2 units, P in registers as O += P V's A operand (gemm_pv).
@@ -71,13 +72,14 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
 
 // The rows of a tile, global → shared: dst (CPY, CPY_ROWS, CPY_COLS) is this thread's
 // partition of the smem tile and coord the same partition of the tile's identity tensor;
-// row_ptr(row) gives a row's first element in global memory, or nullptr for a row past the
-// data, which is zero-filled (zeros, not garbage, so that P·V never meets 0·NaN).
+// row_ptr(row, m) gives the first element in global memory of the tile's row `row`, the
+// thread's m-th, or nullptr for a row past the data, which is zero-filled (zeros, not
+// garbage, so that P·V never meets 0·NaN).
 template <class Dst, class Coord, class RowPtr>
 __device__ __forceinline__ void load_rows(Dst&& dst, Coord const& coord, RowPtr const& row_ptr) {
   CUTE_UNROLL
   for (int m = 0; m < size<1>(dst); ++m) {
-    const auto* src = row_ptr(get<0>(coord(0, m, 0)));
+    const auto* src = row_ptr(get<0>(coord(0, m, 0)), m);
     CUTE_UNROLL
     for (int d = 0; d < size<2>(dst); ++d) {
       void* chunk = &dst(0, m, d);
@@ -227,7 +229,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride;
   const Element* k_cache = static_cast<const Element*>(p.k) + hk * p.k_head_stride;
   const Element* v_cache = static_cast<const Element*>(p.v) + hk * p.v_head_stride;
-  auto q_row = [&](int row) -> const Element* {
+  auto q_row = [&](int row, int) -> const Element* {
     if (row >= rows) return nullptr;
     const int pr = r0 + row;
     return q + (pr / g) * p.q_row_stride + (hk * g + pr % g) * p.q_head_stride;
@@ -238,17 +240,28 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // the mask hides them anyway, and a NaN or Inf there would reach every row through the
   // MMA's 0 · NaN (docs/DESIGN.md, non-finite values).
   const bool tile_in_page = p.block_table == nullptr || p.page_size % kBlockN == 0;
+  constexpr int kRowsPerThread = decltype(size<1>(tKVcKV))::value;
   auto load_kv = [&](int n, int st) {
     const int j0 = n * kBlockN;  // key j is cache row seq.start + j (paged: start 0)
     const int first = seq.start + j0;  // the tile's first cache row
     const int64_t k_base = tile_in_page ? cache_offset(p, seq, b, first, p.k_batch_stride, p.k_row_stride) : 0;
     const int64_t v_base = tile_in_page ? cache_offset(p, seq, b, first, p.v_batch_stride, p.v_row_stride) : 0;
+    // Pages smaller than a tile: the pages of this thread's rows, all looked up before the
+    // first copy is issued (one table latency per tile, not one per row), for K and V alike.
+    int page[kRowsPerThread] = {};
+    if (!tile_in_page) {
+      CUTE_UNROLL
+      for (int m = 0; m < kRowsPerThread; ++m) {
+        const int row = get<0>(tKVcKV(0, m, 0)), key = j0 + row;
+        if (key >= kb && key < ke) page[m] = int(page_of(p, b, first + row));
+      }
+    }
     auto row_of = [&](const Element* cache, int64_t base, int64_t batch_stride, int64_t row_stride) {
-      return [=, &p, &seq](int row) -> const Element* {
+      return [=, &p, &page](int row, int m) -> const Element* {
         const int key = j0 + row;
         if (key < kb || key >= ke) return nullptr;
         return cache + (tile_in_page ? base + row * row_stride
-                                     : cache_offset(p, seq, b, first + row, batch_stride, row_stride));
+                                     : page[m] * batch_stride + int64_t((first + row) % p.page_size) * row_stride);
       };
     };
     load_rows(gmem_thr.partition_D(sK(st)), tKVcKV,

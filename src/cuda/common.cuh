@@ -48,16 +48,17 @@ __device__ __forceinline__ void allow_dependents() {
 #endif
 }
 
-// Whether `kernel` may be launched early on the current device: the code the device runs
-// for it is sm_90 or newer, so that its wait_for_prior_grid() is compiled in. (An sm_80 build
-// runs on an H100 too, and there its waits are empty.)
+// Whether `kernel` may be launched early on the current device: it was compiled for sm_90 or
+// newer, so that its wait_for_prior_grid() is in the code (__CUDA_ARCH__ follows the PTX
+// target: compute_80 PTX that the driver compiles for an H100 at load time runs sm_90
+// machine code with empty waits, so the PTX version decides, not the binary's).
 inline bool has_dependent_launch(const void* kernel) {
   cudaFuncAttributes attr;
   if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
-  return attr.binaryVersion >= 90;
+  return attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
 }
 
 // Launches `kernel` (args: pointers to its arguments, as cudaLaunchKernel takes them) on

@@ -4,13 +4,21 @@
 namespace flashlab::test {
 namespace {
 
-__global__ void late_copies(const LateCopy* copies, int n) {
+__global__ void late_copies(const LateCopy* copies, int n, const volatile int* go, int* timed_out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-  const long long t0 = clock64();
-  while (clock64() - t0 < 40000) {
+  if (threadIdx.x == 0) {
+    const long long t0 = clock64();
+    while (*go == 0) {
+      if (clock64() - t0 > 2000000000ll) {
+        *timed_out = 1;
+        break;
+      }
+      __nanosleep(1000);
+    }
   }
+  __syncthreads();
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   for (int i = 0; i < n; ++i) {
     auto* dst = static_cast<unsigned char*>(copies[i].dst);
@@ -22,8 +30,9 @@ __global__ void late_copies(const LateCopy* copies, int n) {
 
 }  // namespace
 
-cudaError_t launch_late_copies(const LateCopy* copies, int n, cudaStream_t stream) {
-  late_copies<<<64, 256, 0, stream>>>(copies, n);
+cudaError_t launch_late_copies(const LateCopy* copies, int n, const volatile int* go, int* timed_out,
+                               cudaStream_t stream) {
+  late_copies<<<64, 256, 0, stream>>>(copies, n, go, timed_out);
   return cudaGetLastError();
 }
 

@@ -11,6 +11,8 @@
 // block_table values, and rotary positions past the tables, give results in bounds.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "gpu_fixture.h"
 #include "kvcache_check.h"
 #include "late_inputs.h"
@@ -180,6 +182,43 @@ TEST_P(KvCacheGpuTest, WaitsForInputsTheKernelBeforeWrites) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, KvCacheGpuTest, ::testing::Values("auto", "cute_fa2"));
+
+#if FLASHLAB_WITH_CUDA
+// The control for WaitsForInputsTheKernelBeforeWrites: on sm_90 a kernel launched early after
+// the late kernel that reads without griddepcontrol.wait runs before the late copy and sees
+// the bytes from before it, so the window that test relies on is really open.
+class KvCacheGpuLateTest : public GpuTest {};
+
+TEST_F(KvCacheGpuLateTest, AnEarlyReaderSeesTheBytesBeforeTheLateCopy) {
+  int major = 0;
+  ASSERT_TRUE(cuda_ok(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0),
+                      "cudaDeviceGetAttribute"));
+  if (major < 9) GTEST_SKIP() << "programmatic dependent launch needs compute capability 9.0 or newer";
+  HostTensor t(DType::kF32, {64});
+  for (int64_t i = 0; i < 64; ++i) t.set(i, 1.0);
+  LateInputs late;
+  const Tensor v = late.place(t);
+  ASSERT_NE(late.scratch(16), nullptr);  // the late kernel, waiting for the host
+  int* seen = nullptr;
+  int* seen_dev = nullptr;
+  ASSERT_TRUE(cuda_ok(cudaHostAlloc(reinterpret_cast<void**>(&seen), sizeof(int), cudaHostAllocMapped),
+                      "cudaHostAlloc"));
+  *reinterpret_cast<volatile int*>(seen) = -1;
+  ASSERT_TRUE(cuda_ok(cudaHostGetDevicePointer(reinterpret_cast<void**>(&seen_dev), seen, 0), "pointer"));
+  ASSERT_TRUE(cuda_ok(launch_early_peek(v.data, seen_dev, static_cast<cudaStream_t>(late.stream())), "peek"));
+  // The reader must finish while the late kernel still waits: up to a second.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (*reinterpret_cast<volatile int*>(seen) == -1 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1)) {
+  }
+  const int byte = *reinterpret_cast<volatile int*>(seen);
+  ASSERT_TRUE(late.fetch(t));  // releases the late kernel and waits for it
+  ASSERT_TRUE(late.ok());
+  cudaFreeHost(seen);
+  EXPECT_EQ(byte, 0xff) << "the early reader did not run before the late copy (-1: not at all)";
+  EXPECT_EQ(t.get(0), 1.0) << "the late copy did not land";
+}
+#endif
 
 // Device tables are clamped, never trusted: each bad value still gives a call that succeeds
 // and writes every out and LSE element (which rows it read is unspecified), and nothing

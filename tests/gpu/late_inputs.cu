@@ -28,7 +28,25 @@ __global__ void late_copies(const LateCopy* copies, int n, const volatile int* g
   }
 }
 
+__global__ void early_peek(const unsigned char* src, int* seen) {
+  *static_cast<volatile int*>(seen) = *static_cast<const volatile unsigned char*>(src);
+  __threadfence_system();
+}
+
 }  // namespace
+
+cudaError_t launch_early_peek(const void* src, int* seen, cudaStream_t stream) {
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(1);
+  config.blockDim = dim3(1);
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, early_peek, static_cast<const unsigned char*>(src), seen);
+}
 
 cudaError_t launch_late_copies(const LateCopy* copies, int n, const volatile int* go, int* timed_out,
                                cudaStream_t stream) {

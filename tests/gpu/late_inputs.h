@@ -23,5 +23,10 @@ struct LateCopy {
 cudaError_t launch_late_copies(const LateCopy* copies, int n, const volatile int* go, int* timed_out,
                                cudaStream_t stream);
 
+// The control: a kernel launched early (programmatic stream serialization) that reads the
+// first byte at `src` WITHOUT griddepcontrol.wait and stores it to *seen (mapped host memory):
+// after the late kernel it must see the byte from before the late copy.
+cudaError_t launch_early_peek(const void* src, int* seen, cudaStream_t stream);
+
 }  // namespace flashlab::test
 #endif

@@ -198,14 +198,20 @@ TEST_F(KvCacheGpuLateTest, AnEarlyReaderSeesTheBytesBeforeTheLateCopy) {
   for (int64_t i = 0; i < 64; ++i) t.set(i, 1.0);
   LateInputs late;
   const Tensor v = late.place(t);
-  ASSERT_NE(late.scratch(16), nullptr);  // the late kernel, waiting for the host
   int* seen = nullptr;
   int* seen_dev = nullptr;
   ASSERT_TRUE(cuda_ok(cudaHostAlloc(reinterpret_cast<void**>(&seen), sizeof(int), cudaHostAllocMapped),
                       "cudaHostAlloc"));
-  *reinterpret_cast<volatile int*>(seen) = -1;
   ASSERT_TRUE(cuda_ok(cudaHostGetDevicePointer(reinterpret_cast<void**>(&seen_dev), seen, 0), "pointer"));
-  ASSERT_TRUE(cuda_ok(launch_early_peek(v.data, seen_dev, static_cast<cudaStream_t>(late.stream())), "peek"));
+  // The reader once on an idle device first: with lazy loading (CUDA's default) a kernel's
+  // first launch loads it, which may wait for the device to be idle, and the late kernel
+  // below waits for the host.
+  const auto stream = static_cast<cudaStream_t>(late.stream());
+  ASSERT_TRUE(cuda_ok(launch_early_peek(v.data, seen_dev, stream), "peek (loading)"));
+  ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  *reinterpret_cast<volatile int*>(seen) = -1;
+  ASSERT_NE(late.scratch(16), nullptr);  // the late kernel, waiting for the host
+  ASSERT_TRUE(cuda_ok(launch_early_peek(v.data, seen_dev, stream), "peek"));
   // The reader must finish while the late kernel still waits: up to a second.
   const auto t0 = std::chrono::steady_clock::now();
   while (*reinterpret_cast<volatile int*>(seen) == -1 &&

@@ -80,6 +80,16 @@ def _autograd_runner(forward: Callable, p, sets, context):
     return run
 
 
+def _sdpa_context(impl: Optional[str]) -> Callable:
+    """A context that pins SDPA to impl's backend (nothing for impl None: SDPA's choice)."""
+    if impl is None:
+        return contextlib.nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
+    return lambda: sdpa_kernel(backend)
+
+
 def first_line(e: Exception) -> str:
     return " ".join(str(e).split("\n")[0].split())[:240]
 
@@ -99,12 +109,7 @@ def make_sdpa(impl: Optional[str], p, sets):
                                            scale=_scale(p), **gqa)
         return o.transpose(1, 2)
 
-    context = contextlib.nullcontext
-    if impl is not None:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
-        context = lambda: sdpa_kernel(backend)  # noqa: E731
+    context = _sdpa_context(impl)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -219,12 +224,7 @@ def make_decode_sdpa(impl: Optional[str], p, sets):
 
     if p.causal and p.seqlen_q > 1:
         raise Skip("SDPA's is_causal is top-left aligned when seqlen_q != seqlen_k")
-    context = contextlib.nullcontext
-    if impl is not None:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
-        context = lambda: sdpa_kernel(backend)  # noqa: E731
+    context = _sdpa_context(impl)
     copies = [[x.transpose(1, 2).contiguous() for x in [s["q"]] + _bench_decode.dense_kv(p, s)]
               for s in sets]
     group = p.heads_q // p.heads_kv

@@ -364,10 +364,9 @@ Status Oracle::compute(const Problem& p, const Slice& s, const std::array<Tensor
   const Problem sub = slice_problem(p, s);
   std::array<std::vector<double>, kSlots> f64;
   // A train problem's backward reads the out and LSE of the reference's own forward.
-  const bool backward_alone = p.backward && !p.train;
-  const std::vector<Slot> read = backward_alone ? std::vector<Slot>{kQ, kK, kV, kDout, kOut, kLse}
-                                 : p.train      ? std::vector<Slot>{kQ, kK, kV, kDout}
-                                                : std::vector<Slot>{kQ, kK, kV};
+  const std::vector<Slot> read = backward_alone(p) ? std::vector<Slot>{kQ, kK, kV, kDout, kOut, kLse}
+                                 : p.train         ? std::vector<Slot>{kQ, kK, kV, kDout}
+                                                   : std::vector<Slot>{kQ, kK, kV};
   for (Slot slot : read) {
     if (p.decode && (slot == kK || slot == kV)) {
       if (Status st = gather_cache(p, s, inputs, slot, stream, &f64[slot]); !st.ok()) return st;
@@ -379,7 +378,7 @@ Status Oracle::compute(const Problem& p, const Slice& s, const std::array<Tensor
     f64[slot] = gather(host, box_of(p, s, slot));
   }
   std::vector<float> lse(size_t(slot_view(sub, kLse, nullptr).numel()));
-  if (backward_alone) std::copy(f64[kLse].begin(), f64[kLse].end(), lse.begin());
+  if (backward_alone(p)) std::copy(f64[kLse].begin(), f64[kLse].end(), lse.begin());
   for (Slot slot : outputs_of(p))
     if (slot != kLse) f64[slot].assign(size_t(slot_view(sub, slot, nullptr).numel()), 0.0);
   std::array<Tensor, kSlots> v;
@@ -412,7 +411,7 @@ Status Oracle::compute(const Problem& p, const Slice& s, const std::array<Tensor
     return st;
   };
   Status st;
-  if (!backward_alone) {
+  if (!backward_alone(p)) {
     ForwardArgs a;
     a.q = v[kQ], a.k = v[kK], a.v = v[kV], a.out = v[kOut], a.maybe_lse = v[kLse];
     st = run(a);

@@ -329,7 +329,7 @@ Status Bench::create(const Problem& p, const Options& o, std::unique_ptr<Bench>*
   }
   BENCH_TRY(s.plan_sets());
   BENCH_TRY(s.fill_inputs());
-  if (p.backward && !p.train) BENCH_TRY(s.make_forward_outputs());
+  if (backward_alone(p)) BENCH_TRY(s.make_forward_outputs());
   s.slice = choose_slice(p, o.check_flops, s.threads);
   s.timer = std::make_unique<Timer>(p.device, s.stream, s.set_count, &s.progress);
   *out = std::move(b);
@@ -388,7 +388,7 @@ Status Bench::add_kernel(std::string_view name, Entry* e) {
   BENCH_TRY(synchronize(s.p.device, s.stream));
   std::array<Tensor, kSlots> got = s.views(0);
   for (Slot slot : random_inputs_of(s.p)) got[slot] = {};
-  if (s.p.backward && !s.p.train) got[kOut] = got[kLse] = {};  // inputs of the backward alone
+  if (backward_alone(s.p)) got[kOut] = got[kLse] = {};  // the backward's inputs
   if (gives_reference) BENCH_TRY(s.reference_from(got, e->row.kernel));
   return s.finish_entry(got, first_ms, std::move(launch), e);
 }

@@ -298,6 +298,9 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   typename Tr::TiledMmaDkv mma_dkv;
   typename Tr::TiledMmaDq mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(ctid);
+  // dS's store: the Sᵀ accumulator's thread layout, transposed into shared memory by stmatrix.
+  auto r2s_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_sdp);
+  auto r2s_ds_thr = r2s_ds.get_thread_slice(ctid);
   auto thr_dkv = mma_dkv.get_thread_slice(ctid);
   auto thr_dq = mma_dq.get_thread_slice(ctid);
   // Operands (shared-memory descriptors).
@@ -353,10 +356,11 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     Tensor tPrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
     warpgroup_gemm_issue<false>(mma_dkv, tPrP, tDkvrDot(_, _, _, st), acc_dv);
 
-    // dS to shared memory, where both warpgroups' dQ MMAs read all keys of it.
-    Tensor tDssDs = thr_sdp.partition_C(sDst(_, _, ds_st));  // (MMA, MMA_N, MMA_M)
-    CUTE_UNROLL
-    for (int e = 0; e < size(rDs); ++e) tDssDs(e) = rDs(e);
+    // dS to shared memory, where both warpgroups' dQ MMAs read all keys of it: stmatrix.trans,
+    // four 8×8 tiles per instruction, each register tile's columns (8 keys of one query)
+    // stored as one 16-byte row of the key-contiguous dS.
+    Tensor tDssDs = r2s_ds_thr.partition_D(sDst(_, _, ds_st));  // (CPY, CPY_N, CPY_M)
+    cute::copy(r2s_ds, r2s_ds_thr.retile_S(rDs), tDssDs);
     cutlass::arch::fence_view_async_shared();
     NamedBarrier::sync(Tr::kNConsumerThreads, Tr::kDsBarrier);
 

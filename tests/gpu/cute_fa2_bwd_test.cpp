@@ -114,7 +114,8 @@ TEST_F(CuteFa2BwdTest, DeterministicIsBitwiseReproducible) {
 }
 
 // cute_fa3's backward (head dims 64 and 128): its dQ warp adds each query block's partial sums in
-// ascending key-block order. Needs an sm_90 device; elsewhere the test says why it skips.
+// a fixed key-block order (ascending, or descending under a causal mask). Needs an sm_90 device;
+// elsewhere the test says why it skips.
 TEST_F(CuteFa2BwdTest, Fa3DeterministicIsBitwiseReproducible) {
   bool built = false;
   for (const KernelInfo& k : kernels()) built = built || (k.name == "cute_fa3" && k.has_backward);

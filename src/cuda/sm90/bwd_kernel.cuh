@@ -10,11 +10,12 @@
 // step's dQ goes through shared memory to warpgroup 0's second warp, which adds it to the
 // fp32 accumulator with one bulk reduce-add; the postprocess scales and rounds it.
 //
-// Deterministic mode: the dQ warp adds each query block's partial sums in ascending order of
-// key blocks, through a turn counter per (batch, head, query block) (bwd_turn).
+// Deterministic mode: the dQ warp adds each query block's partial sums in a fixed order of
+// key blocks (ascending, or descending under a right bound), through a turn counter per
+// (batch, head, query block) (bwd_steps.cuh).
 //
-// What this version leaves out, and refuses (bwd_dispatch.cu): head dims other than 64 and 128,
-// dropout.
+// What this version leaves out: head dims other than 64 and 128 (refused in bwd_dispatch.cu)
+// and dropout (the registry entry takes none, so the API's dispatch refuses it).
 #pragma once
 
 #include <climits>
@@ -29,6 +30,7 @@
 #include "cuda/common.cuh"
 #include "cuda/sm90/bwd_instance.h"
 #include "cuda/sm90/bwd_rows.cuh"
+#include "cuda/sm90/bwd_steps.cuh"
 #include "cuda/sm90/bwd_traits.h"
 #include "cuda/sm90/fwd_mainloop.cuh"  // warpgroup_gemm_issue, acc_as_a_operand, round_to
 
@@ -46,54 +48,6 @@ struct BwdKernelParams {
   BwdRows ws;
   int q_rows, kv_rows, batch;  // the tensor maps' extents: varlen (total_q, total_k, 1)
 };
-
-// The steps of the CTA that owns key block n_block: for each query head of its KV head's
-// group, the query blocks [m_begin, m_end) whose rows see any of its keys (docs/DESIGN.md's
-// mask: row i sees keys [i + len_k − len_q − left, i + len_k − len_q + right]).
-struct BwdSteps {
-  int m_begin = 0, per_head = 0, total = 0;
-
-  __device__ BwdSteps(const BwdParams& p, const cuda::SeqInfo& seq, int n_block, int block_m, int block_n) {
-    const int64_t off = int64_t(seq.len_k) - seq.len_q;
-    const int64_t j0 = int64_t(n_block) * block_n;
-    if (j0 >= seq.len_k) return;  // varlen: a sequence shorter than the longest
-    const int64_t j1 = j0 + block_n < seq.len_k ? j0 + block_n : seq.len_k;
-    int64_t lo = 0, hi = seq.len_q;
-    if (p.mask.window_right >= 0) lo = j0 - off - p.mask.window_right > 0 ? j0 - off - p.mask.window_right : 0;
-    if (p.mask.window_left >= 0 && j1 - off + p.mask.window_left < hi) hi = j1 - off + p.mask.window_left;
-    if (lo >= hi) return;
-    m_begin = int(lo / block_m);
-    per_head = int((hi + block_m - 1) / block_m) - m_begin;
-    total = per_head * p.group;
-  }
-  __device__ int head(int step, int h_kv, int group) const { return h_kv * group + step / per_head; }
-  __device__ int m_block(int step) const { return m_begin + step % per_head; }
-  __device__ bool visits(int m) const { return total > 0 && m >= m_begin && m < m_begin + per_head; }
-};
-
-// The deterministic mode's order: the key blocks that add into query block m take turns, so
-// that block n waits for the count of visitors before it. The visitors of m are a contiguous
-// range of key blocks (both ends of a key block's query range grow with n, and a key block
-// without steps can only come before or after every visitor), which contains n, so a binary
-// search for the range's end gives the count. Without a right bound the order is ascending.
-// With one (causal), a query block's last visitor reaches it within its first steps, so the
-// order is descending and the CTAs launch in that order too (bwd_n_block): each key block
-// then finds its earlier visitors done, where ascending order would hold key block n about
-// n steps at its first query block.
-__device__ __forceinline__ bool bwd_descending(const BwdParams& p) {
-  return p.deterministic && p.mask.window_right >= 0;
-}
-// The key block of this CTA (grid x: the key blocks, launched last first when descending).
-__device__ __forceinline__ int bwd_n_block(const BwdParams& p) {
-  return bwd_descending(p) ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
-}
-__device__ __forceinline__ int bwd_turn(const BwdParams& p, const cuda::SeqInfo& seq, int n_block, int m,
-                                        int block_m, int block_n) {
-  auto visits = [&](int n) { return BwdSteps(p, seq, n, block_m, block_n).visits(m); };
-  if (bwd_descending(p))  // the visitors after n: up to the first key block past n that is none
-    return cuda::first_true(n_block + 1, int(gridDim.x), [&](int n) { return !visits(n); }) - 1 - n_block;
-  return n_block - cuda::first_true(0, n_block, visits);  // the visitors before n
-}
 
 // One bulk reduce-add of `bytes` from shared to global memory (fp32), in the issuing
 // thread's bulk async-group.
@@ -260,7 +214,7 @@ struct BwdScores {
       const float scale_log2 = p.scale_log2;
       CUTE_UNROLL
       for (int e = 0; e < size(acc_s); ++e) {
-        const float pe = exp2f(acc_s(e) * scale_log2 - lse_log2[get<1>(tScS(e))]);
+        const float pe = cuda::exp2_approx(acc_s(e) * scale_log2 - lse_log2[get<1>(tScS(e))]);
         acc_s(e) = seen<kMasked>(tScS, e) ? pe : 0.f;
       }
     });
@@ -285,7 +239,7 @@ struct BwdScores {
       for (int e = 0; e < size(acc_s); ++e) {
         const int q = get<1>(tScS(e));
         const float t = cap * tanhf(acc_s(e) * pre), u = t * inv_cap;
-        const float pe = exp2f(t * kLog2e - lse_log2[q]);
+        const float pe = cuda::exp2_approx(t * kLog2e - lse_log2[q]);
         const bool ok = seen<kMasked>(tScS, e);
         acc_s(e) = ok ? pe : 0.f;
         acc_dp(e) = ok ? pe * (acc_dp(e) - dsum[q]) * (1.f - u * u) : 0.f;
@@ -315,7 +269,7 @@ __device__ __forceinline__ void bwd_zero_rows(int valid, int ctid, SmemTiles... 
 }
 
 // ---- consumers: warpgroups 1 and 2 ----------------------------------------------------------
-template <class Tr>
+template <class Tr, bool kSoftcap>
 __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
                                             typename Tr::PipelineQ& pipeline_q,
                                             typename Tr::PipelineQ& pipeline_do, const BwdSteps& steps,
@@ -344,6 +298,9 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   typename Tr::TiledMmaDkv mma_dkv;
   typename Tr::TiledMmaDq mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(ctid);
+  // dS's store: the Sᵀ accumulator's thread layout, transposed into shared memory by stmatrix.
+  auto r2s_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_sdp);
+  auto r2s_ds_thr = r2s_ds.get_thread_slice(ctid);
   auto thr_dkv = mma_dkv.get_thread_slice(ctid);
   auto thr_dq = mma_dq.get_thread_slice(ctid);
   // Operands (shared-memory descriptors).
@@ -382,8 +339,7 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     warpgroup_gemm_issue<true>(mma_sdp, tSrV, tSrDo(_, _, _, st), acc_dp);
     const BwdScores<Tr> scores(p, seq, ss.lse_log2.data() + st * kM, ss.dsum.data() + st * kM,
                                steps.m_block(s) * kM, n_block * kN);
-    const bool softcap = p.mask.softcap > 0.f;
-    if (softcap) {
+    if constexpr (kSoftcap) {
       warpgroup_wait_for<0>(acc_s, acc_dp);
       scores.softcapped(acc_s, acc_dp, tScS);
     } else {
@@ -399,10 +355,11 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     Tensor tPrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
     warpgroup_gemm_issue<false>(mma_dkv, tPrP, tDkvrDot(_, _, _, st), acc_dv);
 
-    // dS to shared memory, where both warpgroups' dQ MMAs read all keys of it.
-    Tensor tDssDs = thr_sdp.partition_C(sDst(_, _, ds_st));  // (MMA, MMA_N, MMA_M)
-    CUTE_UNROLL
-    for (int e = 0; e < size(rDs); ++e) tDssDs(e) = rDs(e);
+    // dS to shared memory, where both warpgroups' dQ MMAs read all keys of it: stmatrix.trans,
+    // four 8×8 tiles per instruction, each register tile's columns (8 keys of one query)
+    // stored as one 16-byte row of the key-contiguous dS.
+    Tensor tDssDs = r2s_ds_thr.partition_D(sDst(_, _, ds_st));  // (CPY, CPY_N, CPY_M)
+    cute::copy(r2s_ds, r2s_ds_thr.retile_S(rDs), tDssDs);
     cutlass::arch::fence_view_async_shared();
     NamedBarrier::sync(Tr::kNConsumerThreads, Tr::kDsBarrier);
 
@@ -446,8 +403,10 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
 }
 
 // ---- the kernel --------------------------------------------------------------------------
-// grid (ceil(seqlen_k / kBlockN), heads_kv, batch), kNThreads threads, one CTA per SM.
-template <class Tr>
+// grid (ceil(seqlen_k / kBlockN), heads_kv, batch), kNThreads threads, one CTA per SM. Two
+// kernels per instance, with and without softcap: a runtime branch between the two
+// elementwise schedules kept both in the consumer loop, past its 240 registers at head dim 64.
+template <class Tr, bool kSoftcap>
 __global__ void __launch_bounds__(Tr::kNThreads, 1)
     bwd_kernel(const __grid_constant__ BwdKernelParams<Tr> kp) {
   using PipelineQ = typename Tr::PipelineQ;
@@ -473,7 +432,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
     if (warp == 1 && steps.total > 0) bwd_store_dq<Tr>(kp, ss, steps, seq);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Tr::kConsumerRegs>();
-    bwd_consume<Tr>(kp, ss, pipeline_q, pipeline_do, steps, seq, int(threadIdx.x) - 128);
+    bwd_consume<Tr, kSoftcap>(kp, ss, pipeline_q, pipeline_do, steps, seq, int(threadIdx.x) - 128);
   }
 }
 
@@ -569,7 +528,7 @@ Status launch_bwd(const BwdParams& p) {
                                  no_q ? kv_rows : q_rows,
                                  kv_rows,
                                  batch};
-    const auto kernel = bwd_kernel<Tr>;
+    const auto kernel = p.mask.softcap > 0.f ? bwd_kernel<Tr, true> : bwd_kernel<Tr, false>;
     FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Tr::kSmemBytes));
     const dim3 grid((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.heads_kv, p.batch);
@@ -590,7 +549,8 @@ Status BwdInstance<kDtype, kHeadDim>::run(const BwdParams& p) {
 }
 template <DType kDtype, int kHeadDim>
 const void* BwdInstance<kDtype, kHeadDim>::kernel() {
-  return reinterpret_cast<const void*>(bwd_kernel<typename BwdConfig<kDtype, kHeadDim>::Traits>);
+  // The softcap variant has the same resources: either answers device_supports.
+  return reinterpret_cast<const void*>(bwd_kernel<typename BwdConfig<kDtype, kHeadDim>::Traits, false>);
 }
 template <DType kDtype, int kHeadDim>
 int BwdInstance<kDtype, kHeadDim>::smem_bytes() {

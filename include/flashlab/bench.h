@@ -15,7 +15,9 @@
 //                 median. With rounds > 1 the entries of a problem take turns, and each
 //                 entry's time is the median of its per-round medians.
 // CPU calls are timed with std::chrono::steady_clock, CUDA calls with a cudaEvent pair
-// on the harness's stream. A decode problem (Problem::decode) is a forward_kvcache call
+// on the harness's stream. A train problem (Problem::train) times a training step: every
+// call runs the forward and then the backward from q, k, v and dout, and is checked on
+// out, LSE and the gradients. A decode problem (Problem::decode) is a forward_kvcache call
 // against a full KV cache, checked against a dense forward on the same keys and values
 // and judged by the bytes of K and V it reads. A varlen problem (Problem::lengths) is one
 // packed batch of documents with cu_seqlens, checked against cpu_reference on the same
@@ -42,6 +44,7 @@ inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // FLOPs and bytes (docs/DESIGN.md, "FLOP counting")
 // ---------------------------------------------------------------------------------------
 inline constexpr double kBackwardFlopFactor = 2.5;  // five products against the forward's two
+inline constexpr double kTrainFlopFactor = 1 + kBackwardFlopFactor;  // the forward, then the backward
 
 // Forward FLOPs of a call: 2·(head_dim + head_dim_v) for every (query, key) pair the mask
 // lets through, summed exactly row by row with the mask's key range (causal, windows,
@@ -73,6 +76,10 @@ struct Problem {
   int window_right = -1;
   float softcap = 0.f;   // 0: off
   bool backward = false; // the backward pass instead of the forward
+  // A training step instead: every call runs the forward (out, LSE) and then the backward
+  // (dq, dk, dv) on its out and LSE, from q, k, v and dout alone; `backward` is then
+  // ignored. Checked on all five outputs; its FLOPs are kTrainFlopFactor x the forward's.
+  bool train = false;
   // Decode: forward_kvcache instead of forward(). Every sequence attends to seqlen_k cache
   // rows (the cache length L): L - seqlen_new rows already in the cache (cache_seqlens)
   // and seqlen_new rows that each call appends (k_new/v_new; 0 = none). page_size > 0
@@ -105,7 +112,10 @@ std::vector<int32_t> cu_seqlens_of(const Problem& p);
 // it is in [1, hi]). The same (tokens, lo, hi, seed) gives the same lengths on every
 // machine. 1 <= lo <= hi and tokens >= 1, else kInvalidArgument.
 Status document_lengths(int tokens, int lo, int hi, uint64_t seed, std::vector<int>* lengths);
-double pass_flops(const Problem& p);  // the timed pass: forward, or backward (2.5x)
+double pass_flops(const Problem& p);  // the timed call: forward, backward (2.5x) or train (3.5x)
+// Whether a call of `p` computes gradients (a backward or a training step): its inputs
+// hold dout and its outputs dq, dk and dv.
+inline bool computes_gradients(const Problem& p) { return p.backward || p.train; }
 // K and V, read once: 2·batch·seqlen_k·heads_kv·head_dim·elem bytes (with Dv for V); what
 // a decode call is judged by.
 double kv_bytes(const Problem& p);
@@ -118,14 +128,14 @@ std::string shape_string(const Problem& p);
 std::string mask_string(const Problem& p);
 
 // The peer sweep: head dims x seqlens x masks at a fixed token count and hidden size
-// (heads = hidden / head_dim, batch = tokens / seqlen), each problem as a forward and/or a
-// backward; and decode problems (KV-cache calls), one query token against growing cache
-// lengths (GQA).
+// (heads = hidden / head_dim, batch = tokens / seqlen), each problem as a forward, a
+// backward and/or a training step; and decode problems (KV-cache calls), one query token
+// against growing cache lengths (GQA).
 struct Sweep {
   std::vector<int> head_dims = {64, 128, 256};
   std::vector<int> seqlens = {512, 1024, 2048, 4096, 8192, 16384};
   std::vector<bool> causal = {false, true};
-  bool forward = true, backward = true;
+  bool forward = true, backward = true, train = false;
   int tokens = 16384, hidden = 2048;
   DType dtype = DType::kBF16;
   Device device = Device::kCUDA;
@@ -135,7 +145,7 @@ struct Sweep {
 };
 std::vector<Problem> sweep_problems(const Sweep& s);   // seqlens that do not divide tokens skipped
 std::vector<Problem> decode_problems(const Sweep& s);  // decode = true, one per cache length
-// The sweep's problems as one varlen problem per (head dim, causal, direction): documents
+// The sweep's problems as one varlen problem per (head dim, causal, pass): documents
 // of `lengths` (document_lengths at s.tokens) at the sweep's hidden size.
 std::vector<Problem> varlen_problems(const Sweep& s, const std::vector<int>& lengths);
 
@@ -266,7 +276,8 @@ class Progress {
 };
 
 // The operands of a problem's input sets: q, k, v, and for the backward out, lse and dout
-// (made by the device's best forward kernel). Decode: k and v are the caches (paged:
+// (out and lse made by the device's best forward kernel); a train problem's are q, k, v
+// and dout (out and lse are what each call writes). Decode: k and v are the caches (paged:
 // [num_pages, page_size, heads_kv, dim]), with k_new/v_new when it appends, cache_seqlens
 // (int32 [batch]) and, paged, the block table (int32 [batch, pages per sequence]). Varlen:
 // cu_seqlens (int32 [batch + 1]), both cu_seqlens_q and cu_seqlens_k of every call.
@@ -299,8 +310,11 @@ class Bench {
   // A registry kernel: supports, workspace, checked call. `e->launch` is set when it may
   // be timed. The Status is not OK only when the harness cannot go on.
   Status add_kernel(std::string_view name, Entry* e);
+  // A registry kernel on a train problem runs the forward and then the backward by that
+  // name (each pass through select_kernel, "auto" included), one workspace for both.
   // Any other implementation: launch(0) runs once, timed; then written() gives views of
-  // the outputs that call wrote, which are checked as a kernel's are.
+  // the outputs that call wrote, which are checked as a kernel's are. The gradients of a
+  // backward or train problem, and a train problem's out, must be among them.
   Status add(std::string name, Launch launch, const std::function<Status(Outputs*)>& written,
              Entry* e);
   // The row of an implementation that refused the problem (or broke before its first call).

@@ -4,6 +4,12 @@ torch's current stream, or raises Skip with the reason it does not run the probl
 are torch views of the native harness's buffers: {q, k, v[, dout]} per set, with
 cu_seqlens for a varlen problem and the cache tables for a decode one.
 
+A train problem (Problem.train) times a training step: each call runs the forward through
+autograd from q, k, v leaves that require grad, then torch.autograd.grad(out, (q, k, v),
+dout), and returns out with the gradients. FlashLab's own entries take this path too
+(flashlab.flash_attn_func through the flashlab::fwd / flashlab::bwd torch ops, make_flashlab):
+that is the call a model's step makes.
+
 A varlen problem (a packed batch of documents, Problem.lengths) runs on FlashAttention-4's
 flash_attn_varlen_func; PyTorch SDPA (every backend) and the Triton rung have no varlen
 entry, and say so.
@@ -40,10 +46,21 @@ def _scale(p) -> float:
 
 
 def _autograd_runner(forward: Callable, p, sets, context):
-    """The forward alone, or the backward alone through autograd (one graph per input set,
-    kept with retain_graph)."""
+    """The forward alone; the backward alone through autograd (one graph per input set,
+    kept with retain_graph); or a training step, both in every call. `forward` returns out,
+    or (out, lse) to have LSE checked too."""
     import torch
 
+    if p.train:
+        leaves = [[s[n].detach().requires_grad_() for n in ("q", "k", "v")] for s in sets]
+
+        def step(i):
+            with context(), torch.enable_grad():
+                out = forward(*leaves[i])
+                out, extra = (out[0], {"lse": out[1]}) if isinstance(out, tuple) else (out, {})
+                dq, dk, dv = torch.autograd.grad(out, leaves[i], sets[i]["dout"])
+            return {"out": out.detach(), "dq": dq, "dk": dk, "dv": dv, **extra}
+        return step
     if not p.backward:
         def run(i):
             with context(), torch.no_grad():
@@ -61,6 +78,16 @@ def _autograd_runner(forward: Callable, p, sets, context):
             dq, dk, dv = torch.autograd.grad(out, leaves, sets[i]["dout"], retain_graph=True)
         return {"dq": dq, "dk": dk, "dv": dv}
     return run
+
+
+def _sdpa_context(impl: Optional[str]) -> Callable:
+    """A context that pins SDPA to impl's backend (nothing for impl None: SDPA's choice)."""
+    if impl is None:
+        return contextlib.nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
+    return lambda: sdpa_kernel(backend)
 
 
 def first_line(e: Exception) -> str:
@@ -82,12 +109,7 @@ def make_sdpa(impl: Optional[str], p, sets):
                                            scale=_scale(p), **gqa)
         return o.transpose(1, 2)
 
-    context = contextlib.nullcontext
-    if impl is not None:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
-        context = lambda: sdpa_kernel(backend)  # noqa: E731
+    context = _sdpa_context(impl)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -110,10 +132,17 @@ def _sdpa_refusal(caught, error: Exception) -> str:
 
 
 def make_triton(p, sets):
+    """The Triton rung: its forward and backward launched directly, or for a training step
+    its flash_attn_func through autograd."""
     from flashlab import triton_fa2
 
     scale, causal = _scale(p), p.causal
     try:
+        if p.train:
+            run = _autograd_runner(lambda q, k, v: triton_fa2.flash_attn_func(
+                q, k, v, softmax_scale=scale, causal=causal), p, sets, contextlib.nullcontext)
+            run(0)
+            return run
         if not p.backward:
             def run(i):
                 s = sets[i]
@@ -131,6 +160,33 @@ def make_triton(p, sets):
         return run
     except ValueError as e:
         raise Skip(first_line(e)) from None
+
+
+def make_flashlab(kernel: str, p, sets):
+    """FlashLab's training step as a model makes it: flashlab.flash_attn_func (or
+    flash_attn_varlen_func with the harness's cu_seqlens) through torch autograd, `kernel`
+    for both passes (one without a pass leaves it to "auto", as the function does), with
+    its LSE checked too. A kernel's refusal (ValueError) is the row's reason."""
+    import flashlab
+
+    extra = dict(causal=p.causal, softmax_scale=_scale(p), softcap=p.softcap, kernel=kernel,
+                 window_size=(p.window_left, p.window_right), return_attn_probs=True)
+
+    def forward(q, k, v):
+        if p.lengths:
+            cu = sets[0]["cu_seqlens"]  # the same in every set
+            out, lse, _ = flashlab.flash_attn_varlen_func(q, k, v, cu, cu, p.seqlen_q, p.seqlen_k,
+                                                          **extra)
+        else:
+            out, lse, _ = flashlab.flash_attn_func(q, k, v, **extra)
+        return out, lse
+
+    try:
+        run = _autograd_runner(forward, p, sets, contextlib.nullcontext)
+        run(0)
+        return run
+    except ValueError as e:
+        raise Skip(first_line(e).replace(f"kernel '{kernel}' ", "", 1)) from None
 
 
 def make_fa4(p, sets):
@@ -168,12 +224,7 @@ def make_decode_sdpa(impl: Optional[str], p, sets):
 
     if p.causal and p.seqlen_q > 1:
         raise Skip("SDPA's is_causal is top-left aligned when seqlen_q != seqlen_k")
-    context = contextlib.nullcontext
-    if impl is not None:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
-        context = lambda: sdpa_kernel(backend)  # noqa: E731
+    context = _sdpa_context(impl)
     copies = [[x.transpose(1, 2).contiguous() for x in [s["q"]] + _bench_decode.dense_kv(p, s)]
               for s in sets]
     group = p.heads_q // p.heads_kv
@@ -215,7 +266,9 @@ def make_peer(impl: str, p, sets):
             return _bench_decode.graphed(run, len(sets))
         except RuntimeError as e:
             raise Skip(f"not capturable in a CUDA graph: {first_line(e)}") from None
-    if impl.startswith("flashlab:"):  # an entry the native harness does not run (+rotary)
+    if impl.startswith("flashlab:"):  # an entry the native harness does not run: train, +rotary
+        if p.train:
+            return make_flashlab(impl.split(":", 1)[1], p, sets)
         return _bench_decode.flashlab_runner(impl.split(":", 1)[1], p, sets)
     if why := refusal(impl, p):
         raise Skip(why)

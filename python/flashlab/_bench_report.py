@@ -1,8 +1,8 @@
 """The tables, files and plots of `python -m flashlab.bench` (flashlab.bench runs the sweep;
 this module writes what it measured): a markdown table per pass with FlashLab-over-peer ratio
 columns (decode: GB/s of K+V read; an entry captured in a CUDA graph, name@graph, is compared
-with peers captured alike), bench.csv and bench.json with one record per entry, and
-plots/{fwd,bwd}.png."""
+with peers captured alike), bench.csv and bench.json with one record per entry (its
+direction fwd, bwd or train), and plots/{fwd,bwd,train}.png."""
 
 from __future__ import annotations
 
@@ -13,6 +13,12 @@ import sys
 from typing import Dict, List, Optional
 
 RATIO_PEERS = ("sdpa_flash", "sdpa_cudnn", "fa4", "sdpa_cpu")  # the ratio columns' denominators
+DIRECTIONS = {"fwd": "forward", "bwd": "backward", "train": "training step (forward + backward)"}
+
+
+def direction(p) -> str:
+    """The pass a problem times: "fwd", "bwd" or "train" (a decode problem's is "fwd")."""
+    return "train" if p.train else "bwd" if p.backward else "fwd"
 
 
 def _fmt(x: float) -> str:
@@ -51,14 +57,14 @@ def markdown(results: List[Result], header: str) -> str:
     notes: Dict[str, int] = {}
     groups: Dict[tuple, List[Result]] = {}
     for r in results:
-        groups.setdefault((r.problem.backward, r.decode), []).append(r)
-    for (backward, decode), rs in groups.items():
+        groups.setdefault((direction(r.problem), r.decode), []).append(r)
+    for (pass_, decode), rs in groups.items():
         impls = list(dict.fromkeys(r.impl for r in rs))
         ours = [i for i in impls if _base(i).startswith("flashlab:") or i == "triton_fa2"]
         peers = sorted((i for i in impls if _base(i) in RATIO_PEERS),
                        key=lambda i: RATIO_PEERS.index(_base(i)))
         unit = "GB/s of K+V read" if decode else "TFLOP/s"
-        lines += [f"### {'decode ' if decode else ''}{'backward' if backward else 'forward'} ({unit})", ""]
+        lines += [f"### {'decode ' if decode else ''}{DIRECTIONS[pass_]} ({unit})", ""]
         ratios = [(o, q) for o in ours for q in peers if o.endswith("@graph") == q.endswith("@graph")]
         short = lambda i: i.replace("flashlab:", "").replace("sdpa_", "") if i != "sdpa_cpu" else i  # noqa: E731
         head = ["shape B x S x H x D", "causal"] + [i.replace("flashlab:", "") for i in impls] \
@@ -87,7 +93,7 @@ def records(results: List[Result]) -> List[dict]:
         p, row = r.problem, r.row
         rec = {k: getattr(p, k) for k in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv",
                                           "head_dim", "head_dim_v", "causal", "dtype")}
-        rec.update(direction="bwd" if p.backward else "fwd", decode=r.decode, impl=r.impl,
+        rec.update(direction=direction(p), decode=r.decode, impl=r.impl,
                    status=row.status, reason=row.reason, ms=row.time_ms, runs=row.timed_runs,
                    rounds=len(row.round_ms), flops=row.flops,
                    tflops=row.tflops if r.value() == r.value() else None,
@@ -144,8 +150,8 @@ def plot(results: List[Result], folder: Optional[str]) -> str:
     if not folder:
         return "plots: no PNG written (--out or --plots names the folder)"
     said = []  # a path written, or why a pass has no PNG
-    for backward, name in ((False, "fwd"), (True, "bwd")):
-        rs = [r for r in results if r.problem.backward == backward and not r.decode]
+    for name, title in DIRECTIONS.items():
+        rs = [r for r in results if direction(r.problem) == name and not r.decode]
         seqlens = sorted({r.problem.seqlen_k for r in rs})
         if len(seqlens) < 2:
             if rs:
@@ -179,7 +185,7 @@ def plot(results: List[Result], folder: Optional[str]) -> str:
         fig.legend(list(handles.values()), list(handles.keys()), loc="lower center",
                    ncol=min(len(handles), 5), fontsize=8)
         shape = f", hidden {hidden.pop()}" if len(hidden) == 1 else ""
-        fig.suptitle(f"FlashLab vs peers, {'backward' if backward else 'forward'} "
+        fig.suptitle(f"FlashLab vs peers, {title} "
                      f"({rs[0].problem.dtype}{shape})", fontsize=11)
         fig.tight_layout(rect=(0, 0.09, 1, 1))
         os.makedirs(folder, exist_ok=True)

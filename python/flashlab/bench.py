@@ -6,7 +6,10 @@ it, times every call with one method and counts the FLOPs. This module runs the 
 the peers (flashlab._bench_peers) and writes the tables. GPU: FlashLab kernels, the Triton
 rung (flashlab.triton_fa2), PyTorch SDPA's flash and cuDNN backends and FlashAttention-4
 (flash_attn.cute) when importable, over head dim x seqlen at 16k tokens and hidden 2048,
-causal and not, forward and backward (--quick adds decode problems). CPU (--device cpu):
+causal and not, forward and backward (--quick adds decode problems). --direction train: a
+training step per call instead, the forward through autograd then torch.autograd.grad of
+its output, for every implementation, FlashLab's through flashlab.flash_attn_func (the
+torch ops a model's step calls). CPU (--device cpu):
 cpu_flash and cpu_reference next to PyTorch's CPU SDPA on one shape, at --seqlen or at each
 of --seqlens. --decode: the KV-cache call (forward_kvcache, one query token against a full
 cache at each of --seqlens, paged with --page-size) next to SDPA on [B, H, S, D] copies of
@@ -35,7 +38,7 @@ from typing import Dict, List
 import flashlab
 from flashlab import _bench_decode, _flashlab
 from flashlab._bench_peers import GRAPH, SDPA_BACKENDS, Skip, first_line, make_peer, refusal
-from flashlab._bench_report import write_outputs
+from flashlab._bench_report import direction, write_outputs
 
 native = _flashlab.bench
 
@@ -115,11 +118,12 @@ def problems(args) -> List[object]:
     elif args.device == "cuda" and args.varlen:
         out = native.varlen_problems(args.hdims, args.causal_list, "fwd" in args.directions,
                                      "bwd" in args.directions, args.dtype, "cuda",
-                                     documents(args, native.sweep_tokens()))
+                                     documents(args, native.sweep_tokens()),
+                                     train="train" in args.directions)
     elif args.device == "cuda":
         out = native.sweep_problems(args.hdims, args.seqlens, args.causal_list,
                                     "fwd" in args.directions, "bwd" in args.directions,
-                                    args.dtype, "cuda")
+                                    args.dtype, "cuda", train="train" in args.directions)
         if args.quick:  # the decode problems at their defaults
             out += native.decode_problems(DECODE_SEQLENS, 1, args.dtype, "cuda")
     else:
@@ -130,7 +134,8 @@ def problems(args) -> List[object]:
             p.batch, p.heads_q, p.heads_kv = args.batch, args.heads, args.heads_kv or args.heads
             p.seqlen_q, p.seqlen_k = seqlen, args.seqlen_k or seqlen
             p.head_dim = p.head_dim_v = args.hdim
-            p.dtype, p.device, p.causal, p.backward = args.dtype, "cpu", causal, direction == "bwd"
+            p.dtype, p.device, p.causal = args.dtype, "cpu", causal
+            p.backward, p.train = direction == "bwd", direction == "train"
             if args.varlen:
                 p.lengths = documents(args, seqlen)
             out.append(p)
@@ -148,9 +153,17 @@ def input_sets(bench):
             for i in range(bench.set_count)]
 
 
+def native_entry(impl: str, p) -> bool:
+    """Whether the native harness calls this entry itself: a FlashLab kernel's forward or
+    backward. Its training step goes through flashlab.flash_attn_func and torch autograd,
+    like the peers' (make_flashlab), as a model's step does."""
+    return impl.startswith("flashlab:") and not impl.endswith(GRAPH) and \
+        _bench_decode.ROTARY not in impl and not p.train
+
+
 def prepare(bench, impl: str, p, sets) -> object:
     """The entry of one implementation: checked, ready to time (or refused, with the reason)."""
-    if impl.startswith("flashlab:") and not impl.endswith(GRAPH) and _bench_decode.ROTARY not in impl:
+    if native_entry(impl, p):
         return bench.add_kernel(impl.split(":", 1)[1])
     if why := refusal(impl, p):
         return bench.refused(impl, why)
@@ -216,8 +229,9 @@ def _run(args, footer: Dict[str, str], stream: int) -> List[Result]:
         torch.backends.cuda.matmul.allow_tf32 = False
         if args.spin_up > 0:
             spin_up_gpu(args.spin_up)
-    work = [(p, gpu_impls(args, p.backward, p.decode) if args.device == "cuda" else cpu_impls(args))
-            for p in problems(args)]
+    # A training step's entries are the backward's: "auto" and the kernels with a backward.
+    work = [(p, gpu_impls(args, p.backward or p.train, p.decode) if args.device == "cuda"
+             else cpu_impls(args)) for p in problems(args)]
     progress = native.Progress(not args.no_progress, sum(len(i) for _, i in work))
     results: List[Result] = []
     for p, impls in work:
@@ -233,7 +247,7 @@ def _run(args, footer: Dict[str, str], stream: int) -> List[Result]:
                 bench.time([entry])
                 results.append(Result(impl, entry.row))
             del entry
-            progress.step(f"{'bwd' if p.backward else 'dec' if p.decode else 'fwd'} {p.shape} {p.mask} {impl}")
+            progress.step(f"{'dec' if p.decode else direction(p)} {p.shape} {p.mask} {impl}")
         if turns:
             bench.time([e for _, e in turns])
             results += [Result(impl, e.row) for impl, e in turns]
@@ -267,6 +281,11 @@ def describe(args, footer: Dict[str, str]) -> str:
         docs = "; ".join(f"{t} tokens in {', '.join(map(str, documents(args, t)))}" for t in tokens)
         text += (f"\n\nVarlen documents (lengths uniform in [{args.varlen[0]}, {args.varlen[1]}], "
                  f"seed {VARLEN_SEED}, the last cut to fill): {docs}.")
+    if "train" in args.directions:
+        text += ("\n\nTraining step: each call runs the forward through autograd, then "
+                 "torch.autograd.grad(out, (q, k, v), dout); FlashLab's entries through "
+                 "flashlab.flash_attn_func (kernel= for both passes); checked on out and dq/dk/dv; "
+                 "FLOPs 3.5x the forward's.")
     return text
 
 
@@ -305,7 +324,10 @@ def parse_args(argv=None):
                    help="GPU: the sweep's seqlens (default 512,1k,2k,4k,8k,16k). CPU: one problem "
                         "per seqlen on the CPU shape, in place of --seqlen")
     p.add_argument("--causal", choices=("0", "1", "both"), default="both")
-    p.add_argument("--direction", choices=("fwd", "bwd", "both"))
+    p.add_argument("--direction", choices=("fwd", "bwd", "both", "train"),
+                   help="fwd, bwd, both (fwd and bwd rows; the GPU default; CPU: fwd), or "
+                        "train: one training step per call, the forward through autograd then "
+                        "torch.autograd.grad(out, (q, k, v), dout), 3.5x the forward's FLOPs")
     p.add_argument("--decode", action="store_true",
                    help="the KV-cache call (forward_kvcache) instead of the sweep: --seqlens are "
                         "the cache lengths (GPU default 4k,16k,64k; CPU 1k,4k), --seqlen the "

@@ -178,6 +178,12 @@ double* error_field(Row* r, Slot s) {
   }
 }
 
+bool is_gradient(Slot s) { return s == kDq || s == kDk || s == kDv; }
+
+// What a call must give for its row to be judged: the gradients of a backward or a
+// training step, and the training step's out (LSE stays optional: peers rarely return it).
+bool must_return(const Problem& p, Slot s) { return is_gradient(s) || (p.train && s == kOut); }
+
 void fail(Row* row, Slot s, const std::string& why) {
   row->status = RowStatus::kFail;
   row->reason += std::string(row->reason.empty() ? "" : "; ") + slot_name(s) + ": " + why;
@@ -258,16 +264,17 @@ bool slot_used(const Problem& p, Slot s) {
     case kTable: return p.decode && p.page_size > 0;
     case kCu: return !p.lengths.empty();
     case kSlots: return false;
-    default: return p.backward || s <= kLse;
+    default: return computes_gradients(p) || s <= kLse;
   }
 }
 
 std::vector<Slot> outputs_of(const Problem& p) {
+  if (p.train) return {kOut, kLse, kDq, kDk, kDv};
   return p.backward ? std::vector<Slot>{kDq, kDk, kDv} : std::vector<Slot>{kOut, kLse};
 }
 
 std::vector<Slot> random_inputs_of(const Problem& p) {
-  if (p.backward) return {kQ, kK, kV, kDout};
+  if (computes_gradients(p)) return {kQ, kK, kV, kDout};
   if (slot_used(p, kKNew)) return {kQ, kK, kV, kKNew, kVNew};
   return {kQ, kK, kV};
 }
@@ -305,7 +312,7 @@ Slice choose_slice(const Problem& p, double budget_flops, int threads) {
   const int width = std::max(kMinCheckedHeads, threads);  // cpu_reference runs a head per thread
   s.full = false;
   s.batches = 1;
-  if (p.backward) {
+  if (computes_gradients(p)) {
     // Whole kv groups (dk and dv sum over a group's query heads): as many as fit.
     s.heads_kv = 1;
     s.heads_q = group;
@@ -322,7 +329,7 @@ Slice choose_slice(const Problem& p, double budget_flops, int threads) {
     s.rows = std::max(1, int(s.rows * (budget_flops / cost())));
     s.row0 = p.seqlen_q - s.rows;
   }
-  if (p.backward && s.row0 > 0) {
+  if (computes_gradients(p) && s.row0 > 0) {
     const MaskPolicy m = MaskPolicy::make(p.window_left, p.window_right, p.causal, p.seqlen_q,
                                           p.seqlen_k, p.softcap);
     const int end = m.key_end(s.row0 - 1, p.seqlen_q, p.seqlen_k);  // keys earlier rows see
@@ -344,7 +351,7 @@ std::string slice_string(const Problem& p, const Slice& s) {
        " (kv heads " + range_string(0, s.heads_kv) + ")";
   if (s.rows < p.seqlen_q)
     t += ", query rows " + range_string(s.row0, p.seqlen_q) + " of " + std::to_string(p.seqlen_q);
-  if (p.backward && s.row0 > 0)
+  if (computes_gradients(p) && s.row0 > 0)
     t += s.keys_compared() ? ", dk/dv on keys " + range_string(s.key0, p.seqlen_k)
                            : ", dk/dv not compared (earlier rows see every key)";
   return t;
@@ -356,8 +363,10 @@ Status Oracle::compute(const Problem& p, const Slice& s, const std::array<Tensor
                        int threads, void* stream, Progress* progress) {
   const Problem sub = slice_problem(p, s);
   std::array<std::vector<double>, kSlots> f64;
-  const std::vector<Slot> read = p.backward ? std::vector<Slot>{kQ, kK, kV, kDout, kOut, kLse}
-                                            : std::vector<Slot>{kQ, kK, kV};
+  // A train problem's backward reads the out and LSE of the reference's own forward.
+  const std::vector<Slot> read = backward_alone(p) ? std::vector<Slot>{kQ, kK, kV, kDout, kOut, kLse}
+                                 : p.train         ? std::vector<Slot>{kQ, kK, kV, kDout}
+                                                   : std::vector<Slot>{kQ, kK, kV};
   for (Slot slot : read) {
     if (p.decode && (slot == kK || slot == kV)) {
       if (Status st = gather_cache(p, s, inputs, slot, stream, &f64[slot]); !st.ok()) return st;
@@ -369,7 +378,7 @@ Status Oracle::compute(const Problem& p, const Slice& s, const std::array<Tensor
     f64[slot] = gather(host, box_of(p, s, slot));
   }
   std::vector<float> lse(size_t(slot_view(sub, kLse, nullptr).numel()));
-  if (p.backward) std::copy(f64[kLse].begin(), f64[kLse].end(), lse.begin());
+  if (backward_alone(p)) std::copy(f64[kLse].begin(), f64[kLse].end(), lse.begin());
   for (Slot slot : outputs_of(p))
     if (slot != kLse) f64[slot].assign(size_t(slot_view(sub, slot, nullptr).numel()), 0.0);
   std::array<Tensor, kSlots> v;
@@ -402,14 +411,15 @@ Status Oracle::compute(const Problem& p, const Slice& s, const std::array<Tensor
     return st;
   };
   Status st;
-  if (p.backward) {
+  if (!backward_alone(p)) {
+    ForwardArgs a;
+    a.q = v[kQ], a.k = v[kK], a.v = v[kV], a.out = v[kOut], a.maybe_lse = v[kLse];
+    st = run(a);
+  }
+  if (st.ok() && computes_gradients(p)) {
     BackwardArgs a;
     a.q = v[kQ], a.k = v[kK], a.v = v[kV], a.out = v[kOut], a.lse = v[kLse], a.dout = v[kDout];
     a.dq = v[kDq], a.dk = v[kDk], a.dv = v[kDv];
-    st = run(a);
-  } else {
-    ForwardArgs a;
-    a.q = v[kQ], a.k = v[kK], a.v = v[kV], a.out = v[kOut], a.maybe_lse = v[kLse];
     st = run(a);
   }
   if (!st.ok()) return st;
@@ -453,7 +463,10 @@ Status Oracle::compare(const Problem& p, const Slice& s, const std::array<Tensor
   const Tolerance tol = tolerance_for(p.dtype);
   for (Slot slot : outputs_of(p)) {
     const Tensor& t = got[slot];
-    if (!t.present()) continue;
+    if (!t.present()) {
+      if (must_return(p, slot)) fail(row, slot, "not returned");
+      continue;
+    }
     const Tensor expect = slot_view(p, slot, nullptr);
     if (t.rank != expect.rank || t.shape != expect.shape) {
       fail(row, slot, "shape " + shape_text(t) + ", expected " + shape_text(expect));
@@ -480,7 +493,7 @@ Status Oracle::compare(const Problem& p, const Slice& s, const std::array<Tensor
       err = std::max(err, std::isnan(d) ? std::numeric_limits<double>::infinity() : d);
     });
     *error_field(row, slot) = err;
-    const double limit = p.backward ? tol.grad * grad_scale_[slot] : tol.out;
+    const double limit = is_gradient(slot) ? tol.grad * grad_scale_[slot] : tol.out;
     if (!(err <= limit)) fail(row, slot, "error " + format_err(err) + " > " + format_err(limit));
   }
   return {};

@@ -15,6 +15,9 @@ namespace flashlab::bench {
 // Every tensor of a problem; the first six and the last five are Operand's.
 enum Slot : int { kQ, kK, kV, kOut, kLse, kDout, kDq, kDk, kDv, kKNew, kVNew, kSeqlens, kTable, kCu, kSlots };
 const char* slot_name(Slot s);
+// A backward problem on its own (not a training step's): out and LSE are its inputs, made
+// before timing by the device's best forward kernel.
+inline bool backward_alone(const Problem& p) { return p.backward && !p.train; }
 // [batch, seqlen, heads, dim]; LSE is [batch, heads_q, seqlen_q] (rank 3). Decode: k and v
 // are the caches, paged [num_pages, page_size, heads_kv, dim]. Varlen: [total, heads, dim],
 // LSE [heads_q, total], and cu_seqlens int32 [batch + 1]. The slots a problem does not use

@@ -48,7 +48,7 @@ Status check_problem(const Problem& p) {
     if (p.decode) return {StatusCode::kInvalidArgument, "a decode problem is not varlen"};
   }
   if (!p.decode) return {};
-  if (p.backward) return {StatusCode::kInvalidArgument, "a decode problem has no backward"};
+  if (computes_gradients(p)) return {StatusCode::kInvalidArgument, "a decode problem has no backward"};
   if (p.page_size < 0 || p.seqlen_new < 0 || p.seqlen_new > p.seqlen_k)
     return {StatusCode::kInvalidArgument, "decode: page_size must be >= 0 and seqlen_new in [0, seqlen_k (" +
                                               std::to_string(p.seqlen_k) + ")]"};
@@ -59,12 +59,18 @@ Status check_problem(const Problem& p) {
 
 struct Bench::State {
   State(const Problem& problem, const Options& options)
-      : p(problem), o(options), progress(options.progress) {}
+      : p(problem), o(options), progress(options.progress) {
+    step[0] = step[1] = p;
+    step[0].train = step[1].train = false;
+    step[0].backward = false;
+    step[1].backward = true;
+  }
   ~State() {
     if (own_stream) destroy_stream(stream);
   }
 
   Problem p;
+  std::array<Problem, 2> step;  // train: the forward and the backward of every call
   Options o;
   Progress progress;
   int threads = 1;
@@ -73,8 +79,8 @@ struct Bench::State {
   int set_count = 1;
   size_t set_bytes = 0, l2_bytes = 0;
   std::vector<TensorSet> sets;
-  std::string fwd_kernel;   // backward: the kernel that wrote out and LSE
-  std::string fwd_refusal;  // backward: why no forward kernel could
+  std::string fwd_kernel;   // backward alone: the kernel that wrote out and LSE
+  std::string fwd_refusal;  // backward alone: why no forward kernel could
   Slice slice;
   Oracle oracle;
   bool reference_from_row = false;  // cpu_reference's checked call was the reference
@@ -131,6 +137,37 @@ struct Bench::State {
     ForwardArgs a;
     a.q = v[kQ], a.k = v[kK], a.v = v[kV], a.out = v[kOut], a.maybe_lse = v[kLse];
     return finish(a);
+  }
+
+  // f(q) for each pass a call of `p` runs: p itself, or a train problem's forward then its
+  // backward (their views are of the same buffers).
+  template <class F>
+  Status each_pass(F&& f) const {
+    if (!p.train) return f(p);
+    BENCH_TRY(f(step[0]));
+    return f(step[1]);
+  }
+  // A registry kernel through every pass of a call: selected, its workspace sized (the
+  // larger pass's: one buffer serves both), or run on input set `set`.
+  Status select(std::string_view kernel) const {
+    std::string chosen;
+    return each_pass([&](const Problem& q) {
+      return with_args(q, kernel, 0, nullptr, [&](auto& a) { return select_pass(a, &chosen); });
+    });
+  }
+  Status workspace(std::string_view kernel, size_t* bytes) const {
+    *bytes = 0;
+    return each_pass([&](const Problem& q) {
+      size_t b = 0;
+      BENCH_TRY(with_args(q, kernel, 0, nullptr, [&](auto& a) { return workspace_size(a, &b); }));
+      *bytes = std::max(*bytes, b);
+      return Status{};
+    });
+  }
+  Status call(std::string_view kernel, int set, const Buffer* ws) const {
+    return each_pass([&](const Problem& q) {
+      return with_args(q, kernel, set, ws, [](auto& a) { return run_pass(a); });
+    });
   }
 
   Status plan_sets();
@@ -292,7 +329,7 @@ Status Bench::create(const Problem& p, const Options& o, std::unique_ptr<Bench>*
   }
   BENCH_TRY(s.plan_sets());
   BENCH_TRY(s.fill_inputs());
-  if (p.backward) BENCH_TRY(s.make_forward_outputs());
+  if (backward_alone(p)) BENCH_TRY(s.make_forward_outputs());
   s.slice = choose_slice(p, o.check_flops, s.threads);
   s.timer = std::make_unique<Timer>(p.device, s.stream, s.set_count, &s.progress);
   *out = std::move(b);
@@ -323,10 +360,9 @@ Status Bench::add_kernel(std::string_view name, Entry* e) {
   *e = refused(std::string(name), s.fwd_refusal);
   if (!s.fwd_refusal.empty()) return {};
   e->row.status = RowStatus::kOk;
-  std::string chosen;
   size_t bytes = 0;
-  Status st = s.with_args(s.p, name, 0, nullptr, [&](auto& a) { return select_pass(a, &chosen); });
-  if (st.ok()) st = s.with_args(s.p, name, 0, nullptr, [&](auto& a) { return workspace_size(a, &bytes); });
+  Status st = s.select(name);
+  if (st.ok()) st = s.workspace(name, &bytes);
   auto give_row = [&](RowStatus status, const std::string& why) {
     e->row.status = status;
     e->row.reason = without_kernel_prefix(why, name);
@@ -343,9 +379,7 @@ Status Bench::add_kernel(std::string_view name, Entry* e) {
   if (!gives_reference) BENCH_TRY(s.ensure_oracle());
   auto ws = std::make_shared<Buffer>();
   if (Status a = ws->allocate(s.p.device, bytes); !a.ok()) return give_row(RowStatus::kError, a.message());
-  Launch launch = [&s, kernel = std::string(name), ws](int set) {
-    return s.with_args(s.p, kernel, set, ws.get(), [](auto& a) { return run_pass(a); });
-  };
+  Launch launch = [&s, kernel = std::string(name), ws](int set) { return s.call(kernel, set, ws.get()); };
   for (Slot slot : outputs_of(s.p)) BENCH_TRY(poison(s.sets[0][slot], s.stream));
   double first_ms = 0;
   const std::string label = std::string(name) + (s.o.check ? ": checked run" : ": first run");
@@ -354,7 +388,7 @@ Status Bench::add_kernel(std::string_view name, Entry* e) {
   BENCH_TRY(synchronize(s.p.device, s.stream));
   std::array<Tensor, kSlots> got = s.views(0);
   for (Slot slot : random_inputs_of(s.p)) got[slot] = {};
-  if (s.p.backward) got[kOut] = got[kLse] = {};
+  if (backward_alone(s.p)) got[kOut] = got[kLse] = {};  // the backward's inputs
   if (gives_reference) BENCH_TRY(s.reference_from(got, e->row.kernel));
   return s.finish_entry(got, first_ms, std::move(launch), e);
 }
@@ -396,8 +430,9 @@ void Bench::describe(Report* r) const {
                  (s.reference_from_row ? " (its checked call, outputs rounded once to fp32)" : "") + ", on " +
                  slice_string(s.p, s.slice) + "; every output element checked written; tolerance (" +
                  to_string(s.p.dtype) + ") " +
-                 (s.p.backward ? "dq/dk/dv " + format_err(tol.grad) + " x max(1, max |reference|)"
-                               : "out/lse " + format_err(tol.out));
+                 (s.p.train ? "out/lse " + format_err(tol.out) + ", " : "") +
+                 (computes_gradients(s.p) ? "dq/dk/dv " + format_err(tol.grad) + " x max(1, max |reference|)"
+                                          : "out/lse " + format_err(tol.out));
   } else {
     r->checked = "not compared (--no-check); every output element checked written";
   }

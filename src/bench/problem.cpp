@@ -2,10 +2,12 @@
 // range), the bytes a call moves, the names of shapes and masks, the peer sweep and the
 // documents of a varlen batch.
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <tuple>
 
 #include "common/mask.h"
 #include "flashlab/bench.h"
@@ -136,7 +138,7 @@ double pass_flops(const Problem& p) {
   a.maybe_cu_seqlens_q.data = a.maybe_cu_seqlens_k.data = cu.data();
   double f = 0;
   if (!attention_flops(a, &f).ok()) return kNaN;
-  return p.backward ? f * kBackwardFlopFactor : f;
+  return p.train ? f * kTrainFlopFactor : p.backward ? f * kBackwardFlopFactor : f;
 }
 
 void set_lengths(Problem& p, std::vector<int> lengths) {
@@ -224,11 +226,13 @@ Problem sweep_problem(const Sweep& s, int d, bool causal) {
   return p;
 }
 
-// The forward and the backward of `p`, as the sweep asks.
+// The forward, the backward and the training step of `p`, as the sweep asks.
 void add_passes(const Sweep& s, Problem p, std::vector<Problem>* out) {
-  for (bool backward : {false, true}) {
-    if (backward ? !s.backward : !s.forward) continue;
-    p.backward = backward;
+  const std::array<std::pair<bool, bool>, 3> passes = {{{false, false}, {true, false}, {false, true}}};
+  const std::array<bool, 3> wanted = {s.forward, s.backward, s.train};
+  for (size_t i = 0; i < passes.size(); ++i) {
+    if (!wanted[i]) continue;
+    std::tie(p.backward, p.train) = passes[i];
     out->push_back(p);
   }
 }

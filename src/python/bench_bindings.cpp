@@ -4,8 +4,9 @@
 //
 // A peer is a callable run(set) that launches one call of its implementation on input set
 // `set` (views of the harness's own buffers, handed out as DLPack arrays) on the current
-// stream, and returns its outputs as a dict {"out"} or {"dq", "dk", "dv"} of DLPack
-// arrays; the harness checks what the first call returned, then times run() with the same
+// stream, and returns its outputs as a dict of DLPack arrays: {"out"} for a forward,
+// {"dq", "dk", "dv"} for a backward, {"out", "dq", "dk", "dv"} for a training step ("lse"
+// may join any of them); the harness checks what the first call returned, then times run() with the same
 // events, warm-up and rounds as a registry kernel.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -171,6 +172,7 @@ void bind_bench(nb::module_& m) {
       .def_rw("window_right", &Problem::window_right)
       .def_rw("softcap", &Problem::softcap)
       .def_rw("backward", &Problem::backward)
+      .def_rw("train", &Problem::train, "a training step per call: forward then backward (backward ignored)")
       .def_rw("decode", &Problem::decode)
       .def_rw("page_size", &Problem::page_size)
       .def_rw("seqlen_new", &Problem::seqlen_new)
@@ -186,15 +188,15 @@ void bind_bench(nb::module_& m) {
 
   b.def("sweep_problems",
         [](std::vector<int> head_dims, std::vector<int> seqlens, std::vector<bool> causal,
-           bool forward, bool backward, const std::string& dtype, const std::string& device) {
+           bool forward, bool backward, const std::string& dtype, const std::string& device, bool train) {
           Sweep s;
           s.head_dims = std::move(head_dims), s.seqlens = std::move(seqlens), s.causal = std::move(causal);
-          s.forward = forward, s.backward = backward;
+          s.forward = forward, s.backward = backward, s.train = train;
           s.dtype = parse_dtype(dtype), s.device = parse_device(device);
           return sweep_problems(s);
         },
         nb::arg("head_dims"), nb::arg("seqlens"), nb::arg("causal"), nb::arg("forward"),
-        nb::arg("backward"), nb::arg("dtype"), nb::arg("device"));
+        nb::arg("backward"), nb::arg("dtype"), nb::arg("device"), nb::arg("train") = false);
   b.def("decode_problems",
         [](std::vector<int> seqlens, int batch, const std::string& dtype, const std::string& device,
            int heads_q, int heads_kv, int head_dim, int seqlen_q, int page_size, int seqlen_new) {
@@ -220,16 +222,17 @@ void bind_bench(nb::module_& m) {
         "Lengths drawn uniformly from [lo, hi] (seeded) until they fill `tokens`, the last cut to fit");
   b.def("varlen_problems",
         [](std::vector<int> head_dims, std::vector<bool> causal, bool forward, bool backward,
-           const std::string& dtype, const std::string& device, const std::vector<int>& lengths) {
+           const std::string& dtype, const std::string& device, const std::vector<int>& lengths,
+           bool train) {
           Sweep s;
           s.head_dims = std::move(head_dims), s.causal = std::move(causal);
-          s.forward = forward, s.backward = backward;
+          s.forward = forward, s.backward = backward, s.train = train;
           s.dtype = parse_dtype(dtype), s.device = parse_device(device);
           return varlen_problems(s, lengths);
         },
         nb::arg("head_dims"), nb::arg("causal"), nb::arg("forward"), nb::arg("backward"),
-        nb::arg("dtype"), nb::arg("device"), nb::arg("lengths"),
-        "The sweep as one varlen problem per (head dim, causal, direction), heads = hidden / head dim");
+        nb::arg("dtype"), nb::arg("device"), nb::arg("lengths"), nb::arg("train") = false,
+        "The sweep as one varlen problem per (head dim, causal, pass), heads = hidden / head dim");
   b.def("sweep_tokens", [] { return Sweep{}.tokens; }, "The sweep's token count");
 
   // Like Problem's above: nanobind lists a struct's fields one .def_rw each.

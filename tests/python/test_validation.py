@@ -4,6 +4,8 @@ run wherever the package is installed; the rules themselves live in src/api/vali
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -263,6 +265,26 @@ def test_cu_seqlens_past_the_packed_rows():
     q, k, v, cu_q, cu_k = _packed([4, 5], [4, 5])
     _expect(ValueError, r"^cu_seqlens_k\[2\] = 10 exceeds the 9 rows of the packed tensor",
             varlen, q, k, v, cu_q, np.array([0, 4, 10], dtype=np.int32), 5, 6)
+
+
+def test_cu_seqlens_messages_from_torch():
+    # A torch user's cu_seqlens: torch.tensor([...]) is int64 (torch.long) unless told, and a
+    # cu_seqlens with more entries than the batch runs past the packed rows. The messages
+    # name the argument as the caller does, with no field name or DLPack dtype code.
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.from_numpy(x) for x in _packed([4, 5], [4, 5])[:3])
+    good = torch.tensor([0, 4, 9], dtype=torch.int32)
+    long_cu = torch.tensor([0, 4, 9, 12, 20], dtype=torch.int32)
+    for pattern, exc, cu_q, cu_k in (
+            (r"^cu_seqlens_q\.dtype must be int32, got int64$", TypeError,
+             torch.tensor([0, 4, 9]), good),
+            (r"^cu_seqlens_k\.dtype must be int32, got int64$", TypeError, good,
+             good.long()),
+            (r"^cu_seqlens_q\[4\] = 20 exceeds the 9 rows of the packed tensor", ValueError,
+             long_cu, long_cu)):
+        with pytest.raises(exc, match=pattern) as e:
+            varlen(q, k, v, cu_q, cu_k, 8, 8)
+        assert not re.search(r"maybe_|code \d|bits", str(e.value)), str(e.value)
 
 
 def test_max_seqlen():

@@ -92,6 +92,13 @@ class Problem:
     def backward(self, arg: bool, /) -> None: ...
 
     @property
+    def train(self) -> bool:
+        """a training step per call: forward then backward (backward ignored)"""
+
+    @train.setter
+    def train(self, arg: bool, /) -> None: ...
+
+    @property
     def decode(self) -> bool: ...
 
     @decode.setter
@@ -138,7 +145,7 @@ class Problem:
     @property
     def mask(self) -> str: ...
 
-def sweep_problems(head_dims: Sequence[int], seqlens: Sequence[int], causal: Sequence[bool], forward: bool, backward: bool, dtype: str, device: str) -> list[Problem]: ...
+def sweep_problems(head_dims: Sequence[int], seqlens: Sequence[int], causal: Sequence[bool], forward: bool, backward: bool, dtype: str, device: str, train: bool = False) -> list[Problem]: ...
 
 def decode_problems(seqlens: Sequence[int], batch: int, dtype: str, device: str, heads_q: int = 32, heads_kv: int = 8, head_dim: int = 128, seqlen_q: int = 1, page_size: int = 0, seqlen_new: int = 0) -> list[Problem]:
     """KV-cache problems (Problem.decode), one per cache length in `seqlens`"""
@@ -148,9 +155,9 @@ def document_lengths(tokens: int, lo: int, hi: int, seed: int = 0) -> list[int]:
     Lengths drawn uniformly from [lo, hi] (seeded) until they fill `tokens`, the last cut to fit
     """
 
-def varlen_problems(head_dims: Sequence[int], causal: Sequence[bool], forward: bool, backward: bool, dtype: str, device: str, lengths: Sequence[int]) -> list[Problem]:
+def varlen_problems(head_dims: Sequence[int], causal: Sequence[bool], forward: bool, backward: bool, dtype: str, device: str, lengths: Sequence[int], train: bool = False) -> list[Problem]:
     """
-    The sweep as one varlen problem per (head dim, causal, direction), heads = hidden / head dim
+    The sweep as one varlen problem per (head dim, causal, pass), heads = hidden / head dim
     """
 
 def sweep_tokens() -> int:

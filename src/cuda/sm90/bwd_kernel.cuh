@@ -214,7 +214,7 @@ struct BwdScores {
       const float scale_log2 = p.scale_log2;
       CUTE_UNROLL
       for (int e = 0; e < size(acc_s); ++e) {
-        const float pe = exp2f(acc_s(e) * scale_log2 - lse_log2[get<1>(tScS(e))]);
+        const float pe = cuda::exp2_approx(acc_s(e) * scale_log2 - lse_log2[get<1>(tScS(e))]);
         acc_s(e) = seen<kMasked>(tScS, e) ? pe : 0.f;
       }
     });
@@ -239,7 +239,7 @@ struct BwdScores {
       for (int e = 0; e < size(acc_s); ++e) {
         const int q = get<1>(tScS(e));
         const float t = cap * tanhf(acc_s(e) * pre), u = t * inv_cap;
-        const float pe = exp2f(t * kLog2e - lse_log2[q]);
+        const float pe = cuda::exp2_approx(t * kLog2e - lse_log2[q]);
         const bool ok = seen<kMasked>(tScS, e);
         acc_s(e) = ok ? pe : 0.f;
         acc_dp(e) = ok ? pe * (acc_dp(e) - dsum[q]) * (1.f - u * u) : 0.f;
@@ -269,7 +269,7 @@ __device__ __forceinline__ void bwd_zero_rows(int valid, int ctid, SmemTiles... 
 }
 
 // ---- consumers: warpgroups 1 and 2 ----------------------------------------------------------
-template <class Tr>
+template <class Tr, bool kSoftcap>
 __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
                                             typename Tr::PipelineQ& pipeline_q,
                                             typename Tr::PipelineQ& pipeline_do, const BwdSteps& steps,
@@ -298,6 +298,9 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   typename Tr::TiledMmaDkv mma_dkv;
   typename Tr::TiledMmaDq mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(ctid);
+  // dS's store: the Sᵀ accumulator's thread layout, transposed into shared memory by stmatrix.
+  auto r2s_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_sdp);
+  auto r2s_ds_thr = r2s_ds.get_thread_slice(ctid);
   auto thr_dkv = mma_dkv.get_thread_slice(ctid);
   auto thr_dq = mma_dq.get_thread_slice(ctid);
   // Operands (shared-memory descriptors).
@@ -336,8 +339,7 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     warpgroup_gemm_issue<true>(mma_sdp, tSrV, tSrDo(_, _, _, st), acc_dp);
     const BwdScores<Tr> scores(p, seq, ss.lse_log2.data() + st * kM, ss.dsum.data() + st * kM,
                                steps.m_block(s) * kM, n_block * kN);
-    const bool softcap = p.mask.softcap > 0.f;
-    if (softcap) {
+    if constexpr (kSoftcap) {
       warpgroup_wait_for<0>(acc_s, acc_dp);
       scores.softcapped(acc_s, acc_dp, tScS);
     } else {
@@ -353,10 +355,11 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     Tensor tPrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
     warpgroup_gemm_issue<false>(mma_dkv, tPrP, tDkvrDot(_, _, _, st), acc_dv);
 
-    // dS to shared memory, where both warpgroups' dQ MMAs read all keys of it.
-    Tensor tDssDs = thr_sdp.partition_C(sDst(_, _, ds_st));  // (MMA, MMA_N, MMA_M)
-    CUTE_UNROLL
-    for (int e = 0; e < size(rDs); ++e) tDssDs(e) = rDs(e);
+    // dS to shared memory, where both warpgroups' dQ MMAs read all keys of it: stmatrix.trans,
+    // four 8×8 tiles per instruction, each register tile's columns (8 keys of one query)
+    // stored as one 16-byte row of the key-contiguous dS.
+    Tensor tDssDs = r2s_ds_thr.partition_D(sDst(_, _, ds_st));  // (CPY, CPY_N, CPY_M)
+    cute::copy(r2s_ds, r2s_ds_thr.retile_S(rDs), tDssDs);
     cutlass::arch::fence_view_async_shared();
     NamedBarrier::sync(Tr::kNConsumerThreads, Tr::kDsBarrier);
 
@@ -400,8 +403,10 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
 }
 
 // ---- the kernel --------------------------------------------------------------------------
-// grid (ceil(seqlen_k / kBlockN), heads_kv, batch), kNThreads threads, one CTA per SM.
-template <class Tr>
+// grid (ceil(seqlen_k / kBlockN), heads_kv, batch), kNThreads threads, one CTA per SM. Two
+// kernels per instance, with and without softcap: a runtime branch between the two
+// elementwise schedules kept both in the consumer loop, past its 240 registers at head dim 64.
+template <class Tr, bool kSoftcap>
 __global__ void __launch_bounds__(Tr::kNThreads, 1)
     bwd_kernel(const __grid_constant__ BwdKernelParams<Tr> kp) {
   using PipelineQ = typename Tr::PipelineQ;
@@ -427,7 +432,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
     if (warp == 1 && steps.total > 0) bwd_store_dq<Tr>(kp, ss, steps, seq);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Tr::kConsumerRegs>();
-    bwd_consume<Tr>(kp, ss, pipeline_q, pipeline_do, steps, seq, int(threadIdx.x) - 128);
+    bwd_consume<Tr, kSoftcap>(kp, ss, pipeline_q, pipeline_do, steps, seq, int(threadIdx.x) - 128);
   }
 }
 
@@ -523,7 +528,7 @@ Status launch_bwd(const BwdParams& p) {
                                  no_q ? kv_rows : q_rows,
                                  kv_rows,
                                  batch};
-    const auto kernel = bwd_kernel<Tr>;
+    const auto kernel = p.mask.softcap > 0.f ? bwd_kernel<Tr, true> : bwd_kernel<Tr, false>;
     FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Tr::kSmemBytes));
     const dim3 grid((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.heads_kv, p.batch);
@@ -544,7 +549,8 @@ Status BwdInstance<kDtype, kHeadDim>::run(const BwdParams& p) {
 }
 template <DType kDtype, int kHeadDim>
 const void* BwdInstance<kDtype, kHeadDim>::kernel() {
-  return reinterpret_cast<const void*>(bwd_kernel<typename BwdConfig<kDtype, kHeadDim>::Traits>);
+  // The softcap variant has the same resources: either answers device_supports.
+  return reinterpret_cast<const void*>(bwd_kernel<typename BwdConfig<kDtype, kHeadDim>::Traits, false>);
 }
 template <DType kDtype, int kHeadDim>
 int BwdInstance<kDtype, kHeadDim>::smem_bytes() {

@@ -73,6 +73,14 @@ std::vector<KvCase> gpu_cases() {
   // Split counts: one, and more than the shortest sequence has key tiles (empty splits).
   add({"bf16_d128_one_split", kBF16, 1, 8, 2, 2048, 0, {2000, 700}}, 128)->num_splits = 1;
   add({"bf16_d128_many_splits", kBF16, 4, 8, 2, 2048, 32, {2000, 70, 0}, 4}, 128)->num_splits = 40;
+  // A NaN in a key every query sees: the rows are NaN through one split (the keys-per-warp
+  // merge), many splits (the combine) and the rows-per-warp arrangement.
+  auto* n1 = add({"bf16_d128_nan_visible_decode", kBF16, 1, 8, 2, 2048, 0, {2000, 700}}, 128);
+  n1->nan_visible = 5, n1->num_splits = 1;
+  auto* n2 = add({"fp16_d128_nan_visible_8_splits_sq4", kF16, 4, 8, 2, 2048, 0, {1500, 900}}, 128);
+  n2->nan_visible = 1400, n2->num_splits = 8;
+  auto* n3 = add({"bf16_d64_nan_visible_one_split_sq16", kBF16, 16, 8, 2, 1024, 0, {1000, 64}}, 64);
+  n3->nan_visible = 0, n3->num_splits = 1;
   // Rotary in the append kernel, q read from the workspace (after the partials with splits).
   add({"bf16_d128_rotary_interleaved_decode_gqa4", kBF16, 1, 8, 2, 2048, 0, {2000, 1, 777}, 1}, 128)
       ->rotary_dim = 128;

@@ -201,12 +201,12 @@ size_t kv_partials_bytes(const KvCacheParams& p, int splits) {
 }
 size_t kv_q_rot_offset(const KvCacheParams& p, int splits) { return (kv_partials_bytes(p, splits) + 255) / 256 * 256; }
 
-size_t workspace_kv(const KvCacheParams& p) {
-  const int splits = kv_splits(p);
+size_t kv_workspace_bytes(const KvCacheParams& p, int splits) {
   if (p.rotary_cos == nullptr) return kv_partials_bytes(p, splits);
   return kv_q_rot_offset(p, splits) + size_t(p.batch) * size_t(p.seqlen_q) * size_t(p.heads_q) *
                                            size_t(p.head_dim) * dtype_size(p.dtype);
 }
+size_t workspace_kv(const KvCacheParams& p) { return kv_workspace_bytes(p, kv_splits(p)); }
 
 Status run_kv(const KvCacheParams& p) {
   if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
@@ -214,6 +214,13 @@ Status run_kv(const KvCacheParams& p) {
             "cute_fa2's KV-cache forward needs a 16-byte aligned workspace (fp32 partials)"};
   cuda::DeviceGuard guard(p.device_index);
   const int splits = kv_splits(p);
+  // The API sized the workspace with workspace_kv's own kv_splits; the two agree unless a
+  // CUDA query failed in one of them (then kv_splits falls back to one split).
+  if (kv_workspace_bytes(p, splits) > p.workspace_bytes)
+    return {StatusCode::kInvalidArgument,
+            "workspace_bytes (" + std::to_string(p.workspace_bytes) + ") is smaller than the " +
+                std::to_string(splits) + " splits of this call need (" +
+                std::to_string(kv_workspace_bytes(p, splits)) + ")"};
   KvCacheParams r = p;
   if (p.rotary_cos != nullptr) r.q_rot = static_cast<char*>(p.workspace) + kv_q_rot_offset(p, splits);
   return entries_for<KvEntries>(r).run(r, splits);

@@ -363,6 +363,12 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
   float lse[kRows];
   softmax.finish(o, scale_log2, 1.f, lse);
+  // A NaN or +Inf among the row's visible scores (in q or a visible key) leaves ℓ NaN: finish
+  // writes O = NaN (every column) and LSE = −inf, which the merges below would weigh 0 like
+  // a part that saw no key. Its LSE becomes NaN, so that the merges pass the NaN on.
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r)
+    if (lse[r] == -INFINITY && o(r, 0) != o(r, 0)) lse[r] = NAN;
   Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<RowsM, HeadDim>{}));
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (rows, cols)
   if constexpr (!kKeysPerWarp) {
@@ -392,12 +398,16 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     for (int e = 2 * tid; e < rows * kHeadDim; e += 2 * Tr::kNThreads) {
       const int row = e / kHeadDim, col = e % kHeadDim;
       float l[kWarps], m = -INFINITY;
+      bool nan = false;  // a warp's part saw a NaN: so does the row
       CUTE_UNROLL
-      for (int w = 0; w < kWarps; ++w) m = fmaxf(m, l[w] = part_lse[w * 16 + row]);
+      for (int w = 0; w < kWarps; ++w) {
+        m = fmaxf(m, l[w] = part_lse[w * 16 + row]);
+        nan |= l[w] != l[w];
+      }
       float sum = 0.f;
       CUTE_UNROLL
       for (int w = 0; w < kWarps; ++w) sum += part_exp(l[w], m);
-      const float all = merged_lse(m, sum);
+      const float all = nan ? NAN : merged_lse(m, sum);
       float v0 = 0.f, v1 = 0.f;
       CUTE_UNROLL
       for (int w = 0; w < kWarps; ++w) {
@@ -406,6 +416,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
         v0 += weight * part_o[(w * 16 + row) * kHeadDim + col];
         v1 += weight * part_o[(w * 16 + row) * kHeadDim + col + 1];
       }
+      if (nan) v0 = v1 = NAN;
       out.o2(r0 + row, col, v0, v1);
       if (col == 0) out.lse(r0 + row, all);
     }
@@ -417,7 +428,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
 // l, l + 32, ...) and puts each split's weight e^(LSE_s − LSE) in shared memory; then the four
 // warps take every fourth split, their loads of O_s independent of one another (no load waits
 // on an LSE), and sum their shares through shared memory. A split that saw no key has
-// LSE_s = −inf and weight 0: its O is not read. Columns go c = e·32 + lane, so that each load
+// LSE_s = −inf and weight 0: its O is not read. A split that met a NaN has LSE_s = NaN (the
+// split-KV kernel's epilogue), and the row is NaN. Columns go c = e·32 + lane, so that each load
 // of a warp reads 128 contiguous bytes. grid rows_all, 128 threads.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(128) kv_combine_kernel(const __grid_constant__ KvCacheParams p,
@@ -434,17 +446,19 @@ __global__ void __launch_bounds__(128) kv_combine_kernel(const __grid_constant__
   if (warp == 0) {
     const float* lse_s = kv_lse_partial(p, splits) + row;
     float l[kLsePerLane], m = -INFINITY, sum = 0.f;
+    bool nan = false;  // a split's part saw a NaN (its LSE is NaN): so does the row
     CUTE_UNROLL
     for (int j = 0; j < kLsePerLane; ++j) {
       const int s = j * 32 + lane;
       l[j] = s < splits ? lse_s[s * rows_all] : -INFINITY;
       m = fmaxf(m, l[j]);
+      nan |= l[j] != l[j];
     }
     for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
     CUTE_UNROLL
     for (int j = 0; j < kLsePerLane; ++j) sum += part_exp(l[j], m);
     for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-    const float lse = merged_lse(m, sum);
+    const float lse = __any_sync(0xffffffffu, nan) ? NAN : merged_lse(m, sum);
     CUTE_UNROLL
     for (int j = 0; j < kLsePerLane; ++j)
       if (j * 32 + lane < splits) weight[j * 32 + lane] = l[j] == -INFINITY ? 0.f : part_exp(l[j], lse);
@@ -469,8 +483,9 @@ __global__ void __launch_bounds__(128) kv_combine_kernel(const __grid_constant__
             b = int(row / p.seqlen_q / p.heads_q);
   Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + i * p.o_row_stride +
                  h * p.o_head_stride;
+  const bool nan = row_lse != row_lse;
   for (int c = threadIdx.x; c < kHeadDim; c += kWarps * 32)
-    out[c] = Element(share[0][c] + share[1][c] + share[2][c] + share[3][c]);
+    out[c] = Element(nan ? NAN : share[0][c] + share[1][c] + share[2][c] + share[3][c]);
   if (threadIdx.x == 0 && p.lse != nullptr)
     p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row_lse;
 }

@@ -37,8 +37,8 @@ foreach(src IN LISTS _flashlab_sm80_instantiations)
   endif()
 endforeach()
 list(APPEND FLASHLAB_CUDA_SOURCES ${FLASHLAB_CUTE_SOURCES})
-# Only the dispatch files read the mask (and tests/CMakeLists.txt passes it to the KV-cache
-# GPU test), so that no other object's command line (or compiler cache entry) depends on it.
+# Only the dispatch files read the mask (and tests/CMakeLists.txt passes it to two GPU
+# tests), so that no other object's command line (or compiler cache entry) depends on it.
 set_property(SOURCE ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm80/dispatch.cu APPEND PROPERTY
   COMPILE_DEFINITIONS FLASHLAB_HEAD_DIMS_MASK=${FLASHLAB_HEAD_DIMS_MASK})
 

@@ -1,7 +1,8 @@
 // The head dims the CuTe kernels (cute_fa2, cute_fa3) are compiled for. CMake's
 // FLASHLAB_HEAD_DIMS builds a subset (fewer instantiations, a shorter build) and passes it
-// to the two dispatch files and the KV-cache GPU test, the only ones that include this
-// header, as FLASHLAB_HEAD_DIMS_MASK: bit i for kCuteHeadDims[i]. A build without it has them all.
+// to the two dispatch files and two GPU tests (KV cache, deterministic backward), the only
+// ones that include this header, as FLASHLAB_HEAD_DIMS_MASK: bit i for kCuteHeadDims[i]. A
+// build without it has them all.
 #pragma once
 
 #include <cstddef>

@@ -81,6 +81,14 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
     }
     add(t + "hdim32", dense(dt, 2, 128, 128, 2, 2, 32));
     add(t + "hdim96_causal", dense(dt, 1, 128, 190, 2, 2, 96).make_causal());
+    // Head dim 96 (cute_fa3's backward: K in 32-byte swizzle atoms, dQ halves of 48 columns).
+    add(t + "hdim96_seqlen127_gqa8to1", dense(dt, 1, 127, 129, 16, 2, 96));
+    add(t + "hdim96_varlen_zero_lengths",
+        varlen(dt, {5, 0, 130, 1, 0, 64}, {7, 3, 0, 200, 0, 64}, 4, 2, 96).make_causal());
+    add(t + "hdim96_varlen_window_softcap",
+        varlen(dt, {33, 1, 190}, {80, 9, 190}, 2, 1, 96).window(17, 4).cap(20.f));
+    add(t + "hdim96_many_tiles_causal", dense(dt, 2, 384, 384, 48, 8, 96).make_causal());
+    add(t + "hdim96_padded_strides", dense(dt, 2, 90, 110, 4, 2, 96).padded({1, 3, 1, pad16}));
     add(t + "hdim192_causal", dense(dt, 1, 100, 130, 2, 1, 192).make_causal());
     add(t + "hdim256", dense(dt, 1, 64, 64, 2, 1, 256));
     add(t + "hdim256_growing_keys", dense(dt, 1, 64, 320, 2, 1, 256).growing_keys(4.f));

@@ -37,10 +37,14 @@ BwdEntries entries_for(const BwdParams& p) {
     if constexpr (cuda::head_dim_built(d)) return fp16 ? entries<DType::kF16, d>() : entries<DType::kBF16, d>();
     return {};
   };
-  return p.head_dim == 64 ? at(std::integral_constant<int, 64>{}) : at(std::integral_constant<int, 128>{});
+  switch (p.head_dim) {
+    case 64: return at(std::integral_constant<int, 64>{});
+    case 96: return at(std::integral_constant<int, 96>{});
+    default: return at(std::integral_constant<int, 128>{});
+  }
 }
 
-constexpr int kHeadDims[] = {64, 128};
+constexpr int kHeadDims[] = {64, 96, 128};
 
 }  // namespace
 
@@ -48,7 +52,7 @@ std::string supports_bwd(const BwdParams& p) {
   FL_REFUSE_IF(cuda::refuse_placement(p, cuda::Inputs::kHalf, "the wgmma path"));
   FL_REFUSE_IF(cuda::refuse_unequal_head_dims(p));
   FL_REFUSE_IF(cuda::refuse_head_dim(p.head_dim, kHeadDims,
-                                     "64 or 128 (the Hopper backward's instances; other head dims run on cute_fa2)"));
+                                     "64, 96 or 128 (the Hopper backward's instances; other head dims run on cute_fa2)"));
   FL_REFUSE_IF(cuda::refuse_grid_heads_batch(p));
   // Q, dO, K and V as the launch maps them (bwd_kernel.cuh; varlen: every sequence packed in
   // rows, one "batch"). With no key the kernel is not launched; with no query row Q and dO

@@ -14,7 +14,7 @@
 // key blocks (ascending, or descending under a right bound), through a turn counter per
 // (batch, head, query block) (bwd_steps.cuh).
 //
-// What this version leaves out: head dims other than 64 and 128 (refused in bwd_dispatch.cu)
+// What this version leaves out: head dims other than 64, 96 and 128 (refused in bwd_dispatch.cu)
 // and dropout (the registry entry takes none, so the API's dispatch refuses it).
 #pragma once
 
@@ -43,8 +43,8 @@ struct BwdKernelParams {
   BwdParams p;
   typename Tr::TmaQ tma_q;
   typename Tr::TmaQ tma_do;
-  typename Tr::TmaKV tma_k;
-  typename Tr::TmaKV tma_v;
+  typename Tr::TmaK tma_k;
+  typename Tr::TmaV tma_v;
   BwdRows ws;
   int q_rows, kv_rows, batch;  // the tensor maps' extents: varlen (total_q, total_k, 1)
 };

@@ -61,7 +61,7 @@ struct BwdTraits {
   static constexpr int kStages = 2;         // Q and dO tiles in flight; dS buffers
   static_assert(kBlockN == 64 * kNConsumerWarpgroups, "each consumer owns 64 keys");
   static_assert(kBlockM % 16 == 0 && kBlockM <= 256, "queries are the wgmma N of S and dP");
-  static_assert(kHeadDim % 64 == 0, "rows are whole 128-byte swizzle lines");
+  static_assert(kHeadDim % 32 == 0, "head-dim columns are whole 64- or 128-byte swizzle lines");
 
   using BlkM = Int<kBlockM>;
   using BlkN = Int<kBlockN>;
@@ -82,12 +82,10 @@ struct BwdTraits {
                            GMMA::Major::MN>(),
       Layout<Shape<Int<kNConsumerWarpgroups>, _1, _1>>{}));
   // dQ = dS K: (queries, D, keys); A = dS (K-major, keys contiguous), B = Kᵀ read MN-major
-  // from K's bytes, over all keys. The warpgroups split it by head-dim columns, w computing
-  // [w·D/2, (w + 1)·D/2), where half the head dim is whole 64-column swizzle atoms of Kᵀ;
-  // at head dim 64 (32 columns each, half an atom) by query rows instead, 64 each.
-  static constexpr bool kDqSplitsRows = (kHeadDim / kNConsumerWarpgroups) % 64 != 0;
-  static_assert(!kDqSplitsRows || kBlockM == 64 * kNConsumerWarpgroups,
-                "dQ split by rows: 64 query rows per consumer warpgroup");
+  // from K's bytes, over all keys. With 64 query rows per consumer warpgroup (head dim 64)
+  // the warpgroups split it by rows; else by head-dim columns, w computing
+  // [w·D/2, (w + 1)·D/2), so that K's swizzle atom (below) must fit D/2 a whole number of times.
+  static constexpr bool kDqSplitsRows = kBlockM == 64 * kNConsumerWarpgroups;
   static auto dq_tiled_mma() {
     if constexpr (kDqSplitsRows)
       return make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, Shape<_64, HeadDim, BlkN>,
@@ -101,15 +99,27 @@ struct BwdTraits {
   using TiledMmaDq = decltype(dq_tiled_mma());
 
   // ---- shared memory --------------------------------------------------------------------
-  using SmemLayoutAtom = GMMA::Layout_K_SW128_Atom<Element>;  // (8, 64)
+  // The widest swizzle whose atom (8 rows of 128, 64 or 32 bytes) tiles `cols` columns of a
+  // row-contiguous tile: at head dim 96, 64-byte atoms for Q, dO and V (96 = 3 × 32 columns)
+  // and 32-byte atoms for K, whose dQ halves are 48 columns wide.
+  template <int kCols>
+  static auto smem_atom() {
+    if constexpr (kCols % 64 == 0) return GMMA::Layout_K_SW128_Atom<Element>{};  // (8, 64)
+    else if constexpr (kCols % 32 == 0) return GMMA::Layout_K_SW64_Atom<Element>{};  // (8, 32)
+    else {
+      static_assert(kCols % 16 == 0, "a 16-column multiple");
+      return GMMA::Layout_K_SW32_Atom<Element>{};  // (8, 16)
+    }
+  }
+  using SmemLayoutAtom = decltype(smem_atom<kHeadDim>());
+  using SmemLayoutAtomK = decltype(smem_atom<kDqSplitsRows ? kHeadDim : kHeadDim / kNConsumerWarpgroups>());
   using SmemLayoutQ =
       decltype(tile_to_shape(SmemLayoutAtom{}, Shape<BlkM, HeadDim, Stages>{}));  // (BLK_M, D, STAGES)
   using SmemLayoutDo = SmemLayoutQ;
-  using SmemLayoutK = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<BlkN, HeadDim>{}));  // (BLK_N, D)
-  using SmemLayoutV = SmemLayoutK;
+  using SmemLayoutK = decltype(tile_to_shape(SmemLayoutAtomK{}, Shape<BlkN, HeadDim>{}));  // (BLK_N, D)
+  using SmemLayoutV = decltype(tile_to_shape(SmemLayoutAtom{}, Shape<BlkN, HeadDim>{}));   // (BLK_N, D)
   // dS (queries, keys), keys contiguous, one buffer per stage.
-  using SmemLayoutDs =
-      decltype(tile_to_shape(SmemLayoutAtom{}, Shape<BlkM, BlkN, Stages>{}));  // (BLK_M, BLK_N, STAGES)
+  using SmemLayoutDs = decltype(tile_to_shape(smem_atom<kBlockN>(), Shape<BlkM, BlkN, Stages>{}));  // (BLK_M, BLK_N, STAGES)
   // Transposed views over the same bytes (the MMAs that read an operand MN-major).
   using SmemLayoutQt = decltype(composition(
       SmemLayoutQ{}, make_ordered_layout(Shape<HeadDim, BlkM, Stages>{}, Step<_2, _1, _3>{})));  // (D, BLK_M, STAGES)
@@ -127,7 +137,8 @@ struct BwdTraits {
                                           GmemLayout{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
                                       take<0, 2>(SmemLayoutQ{})));  // one (BLK_M, D) stage
-  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{}));
+  using TmaV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutV{}));
   static constexpr uint32_t kTmaBytesQ = uint32_t(kBlockM * kHeadDim * sizeof(Element));
   static constexpr uint32_t kTmaBytesKV = uint32_t(kBlockN * kHeadDim * sizeof(Element));
   static constexpr uint32_t kRowBytes = uint32_t(kBlockM * sizeof(float));  // a tile's LSE or D
@@ -165,13 +176,18 @@ struct BwdTraits {
 //   consumer thread, fp32: Sᵀ 32 + dPᵀ 32 + dK 64 + dV 64 + dQ 32, with P and dS rounded into
 //   16 registers each. Shared memory: Q 32 + dO 32 + K 32 + V 32 + dS 32 + dQ 32 KiB, and
 //   1 KiB of LSE and D.
+// - head dim 96: as at 128, 64 query rows × 128 keys, each consumer's dQ 48 columns wide (K
+//   in 32-byte swizzle atoms, Q, dO and V in 64-byte ones). Per consumer thread, fp32: Sᵀ 32 +
+//   dPᵀ 32 + dK 48 + dV 48 + dQ 24. Shared memory: Q 24 + dO 24 + K 24 + V 24 + dS 32 + dQ
+//   24 KiB, and 1 KiB of LSE and D.
 // - head dim 64: 128 query rows × 128 keys, dQ split by rows. Per consumer thread, fp32:
 //   Sᵀ 64 + dPᵀ 64 + dK 32 + dV 32 + dQ 32, P and dS in 32 registers each: the same peak as at
 //   head dim 128 (Sᵀ, dPᵀ, dK and dV while the scores are formed). Shared memory: Q 32 +
 //   dO 32 + K 16 + V 16 + dS 64 + dQ 32 KiB, and 2 KiB of LSE and D.
 template <DType kDtype, int kHeadDim>
 struct BwdConfig {
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "the Hopper backward has instances at head dims 64 and 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128,
+                "the Hopper backward has instances at head dims 64, 96 and 128");
   using Traits = BwdTraits<typename cuda::ElementFor<kDtype>::type, kHeadDim, kHeadDim == 64 ? 128 : 64, 128>;
 };
 

@@ -28,6 +28,13 @@
 #include "cuda/cute_common.cuh"
 #include "flashlab/flashlab.h"
 
+// The MMA selectors below need wgmma widths that are no power of two times 16 (48 columns
+// of dQ per warpgroup at head dim 96), which CuTe enumerates only under this macro, defined
+// before any CuTe header (the instantiation files define it first).
+#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#error "bwd_traits.h needs CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED defined before CuTe's headers"
+#endif
+
 namespace flashlab::sm90 {
 
 using namespace cute;

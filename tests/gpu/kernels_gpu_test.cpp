@@ -95,6 +95,14 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
     add(t + "hdim256", dense(dt, 1, 64, 64, 2, 1, 256));
     add(t + "hdim256_growing_keys", dense(dt, 1, 64, 320, 2, 1, 256).growing_keys(4.f));
     add(t + "hdim256_many_tiles_causal", dense(dt, 1, 384, 384, 96, 8, 256).make_causal());
+    // Head dim 256 (cute_fa3's backward: 64 query rows × 80 keys, dQ by atomics): ragged query
+    // and key blocks, GQA and MQA, seqlen_q on either side of seqlen_k, causal or not.
+    add(t + "hdim256_causal_sq_lt_sk_gqa", dense(dt, 2, 100, 230, 4, 2, 256).make_causal());
+    add(t + "hdim256_sq_gt_sk_causal_masked_rows", dense(dt, 2, 300, 65, 8, 2, 256).make_causal());
+    add(t + "hdim256_mqa_ragged", dense(dt, 1, 127, 161, 8, 1, 256));
+    add(t + "hdim256_seqlen1", dense(dt, 3, 1, 1, 2, 1, 256));
+    add(t + "hdim256_many_tiles", dense(dt, 2, 512, 400, 4, 2, 256));
+    add(t + "hdim256_padded_strides", dense(dt, 2, 90, 110, 4, 2, 256).padded({1, 3, 1, pad16}));
     add(t + "batch0", dense(dt, 0, 64, 64, 2, 2, 64));
     add(t + "seqlen_k0", dense(dt, 2, 33, 0, 2, 2, 64));
     add(t + "seqlen_q0", dense(dt, 2, 0, 33, 2, 2, 64));

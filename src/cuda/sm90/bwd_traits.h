@@ -24,6 +24,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/cute_common.cuh"
 #include "flashlab/flashlab.h"
@@ -35,6 +36,8 @@
 #error "bwd_traits.h needs CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED defined before CuTe's headers"
 #endif
 
+#include "cuda/sm90/bwd_traits_wide.h"  // head dim 256
+
 namespace flashlab::sm90 {
 
 using namespace cute;
@@ -44,6 +47,8 @@ template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_>
 struct BwdTraits {
   using Element = Element_;
   static_assert(sizeof(Element) == 2, "the wgmma path here takes 16-bit inputs");
+  static constexpr bool kWide = false;      // bwd_consume, not bwd_consume_wide (bwd_traits_wide.h)
+  static constexpr bool kDqAtomic = false;  // dQ leaves through the dQ warp's bulk reduce-add
 
   // ---- roles: warpgroup 0 loads (warp 0, one thread) and writes dQ (warp 1), warpgroups 1
   // and 2 compute --------------------------------------------------------------------------
@@ -66,6 +71,7 @@ struct BwdTraits {
   static constexpr int kBlockM = kBlockM_;  // query rows per step
   static constexpr int kBlockN = kBlockN_;  // keys per CTA: 64 per consumer warpgroup
   static constexpr int kStages = 2;         // Q and dO tiles in flight; dS buffers
+  static constexpr int kStagesDo = kStages;
   static_assert(kBlockN == 64 * kNConsumerWarpgroups, "each consumer owns 64 keys");
   static_assert(kBlockM % 16 == 0 && kBlockM <= 256, "queries are the wgmma N of S and dP");
   static_assert(kHeadDim % 32 == 0, "head dims of whole 64-byte lines (smem_atom picks the swizzle)");
@@ -156,6 +162,7 @@ struct BwdTraits {
   static constexpr uint32_t kRowBytes = uint32_t(kBlockM * sizeof(float));  // a tile's LSE or D
 
   using PipelineQ = cutlass::PipelineTmaAsync<kStages>;  // Q tiles; the dO ring is alike
+  using PipelineDo = PipelineQ;
   using PipelineState = typename PipelineQ::PipelineState;
 
   struct SharedStorage {
@@ -169,7 +176,7 @@ struct BwdTraits {
     cute::array_aligned<float, kBlockM * kStages, 128> lse_log2;  // with the Q ring
     cute::array_aligned<float, kBlockM * kStages, 128> dsum;      // with the dO ring
     typename PipelineQ::SharedStorage pipeline_q;
-    typename PipelineQ::SharedStorage pipeline_do;
+    typename PipelineDo::SharedStorage pipeline_do;
     uint64_t barrier_kv;  // mbarrier: K and V have landed
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
@@ -183,7 +190,7 @@ struct BwdTraits {
   }
 };
 
-// The tile shapes per head dim, two consumer warpgroups of 64 keys each:
+// The tile shapes per head dim, two consumer warpgroups (of 64 keys each up to head dim 128):
 // - head dim 128: 64 query rows × 128 keys (FlashAttention-3's masked configuration). Per
 //   consumer thread, fp32: Sᵀ 32 + dPᵀ 32 + dK 64 + dV 64 + dQ 32, with P and dS rounded into
 //   16 registers each. Shared memory: Q 32 + dO 32 + K 32 + V 32 + dS 32 + dQ 32 KiB, and
@@ -196,11 +203,18 @@ struct BwdTraits {
 //   Sᵀ 64 + dPᵀ 64 + dK 32 + dV 32 + dQ 32, P and dS in 32 registers each: the same peak as at
 //   head dim 128 (Sᵀ, dPᵀ, dK and dV while the scores are formed). Shared memory: Q 32 +
 //   dO 32 + K 16 + V 16 + dS 64 + dQ 32 KiB, and 2 KiB of LSE and D.
+// - head dim 256: 64 query rows × 80 keys in BwdTraitsWide (bwd_traits_wide.h), two consumer
+//   warpgroups of 40 keys each, two P/dS buffers, dQ by vector reductions from registers.
+//   Per consumer thread, fp32: dKᵀ 80 + dVᵀ 80 + S 20 + dP 20 at the peak, then a 32-value
+//   dQ slab. Shared memory: Q 64 (two stages) + dO 32 (one) + K 40 + V 40 + P 20 + dS 20 KiB,
+//   and 0.75 KiB of LSE and D.
 template <DType kDtype, int kHeadDim>
 struct BwdConfig {
-  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128,
-                "the Hopper backward has instances at head dims 64, 96 and 128");
-  using Traits = BwdTraits<typename cuda::ElementFor<kDtype>::type, kHeadDim, kHeadDim == 64 ? 128 : 64, 128>;
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 256,
+                "the Hopper backward has instances at head dims 64, 96, 128 and 256");
+  using Element = typename cuda::ElementFor<kDtype>::type;
+  using Traits = std::conditional_t<kHeadDim == 256, BwdTraitsWide<Element, 256, 64, 80, 2, 2>,
+                                    BwdTraits<Element, kHeadDim, kHeadDim == 64 ? 128 : 64, 128>>;
 };
 
 }  // namespace flashlab::sm90

@@ -103,6 +103,11 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
     add(t + "hdim256_seqlen1", dense(dt, 3, 1, 1, 2, 1, 256));
     add(t + "hdim256_many_tiles", dense(dt, 2, 512, 400, 4, 2, 256));
     add(t + "hdim256_padded_strides", dense(dt, 2, 90, 110, 4, 2, 256).padded({1, 3, 1, pad16}));
+    // What cute_fa3 refuses at head dim 256 (varlen, softcap, windows): cute_fa2 runs them.
+    add(t + "hdim256_varlen_zero_lengths",
+        varlen(dt, {5, 0, 130, 1, 0, 64}, {7, 3, 0, 200, 0, 64}, 4, 2, 256).make_causal());
+    add(t + "hdim256_softcap_causal", dense(dt, 1, 160, 160, 4, 2, 256).cap(5.f).make_causal());
+    add(t + "hdim256_window_32_8_sq_lt_sk", dense(dt, 1, 100, 220, 2, 1, 256).window(32, 8));
     add(t + "batch0", dense(dt, 0, 64, 64, 2, 2, 64));
     add(t + "seqlen_k0", dense(dt, 2, 33, 0, 2, 2, 64));
     add(t + "seqlen_q0", dense(dt, 2, 0, 33, 2, 2, 64));

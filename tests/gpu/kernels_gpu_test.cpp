@@ -92,6 +92,11 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
     add(t + "hdim96_window_32_8_sq_lt_sk", dense(dt, 1, 100, 220, 2, 1, 96).window(32, 8));
     add(t + "hdim96_sq_gt_sk_causal_masked_rows", dense(dt, 2, 300, 65, 8, 2, 96).make_causal());
     add(t + "hdim192_causal", dense(dt, 1, 100, 130, 2, 1, 192).make_causal());
+    // Head dim 192 (cute_fa3's backward: 64 query rows × 96 keys, three consumer warpgroups).
+    add(t + "hdim192_sq_gt_sk_causal_masked_rows", dense(dt, 2, 300, 65, 8, 2, 192).make_causal());
+    add(t + "hdim192_mqa_ragged", dense(dt, 1, 127, 161, 8, 1, 192));
+    add(t + "hdim192_many_tiles", dense(dt, 2, 512, 400, 4, 2, 192));
+    add(t + "hdim192_varlen_softcap", varlen(dt, {33, 1, 190}, {80, 9, 190}, 2, 1, 192).cap(20.f));
     add(t + "hdim256", dense(dt, 1, 64, 64, 2, 1, 256));
     add(t + "hdim256_growing_keys", dense(dt, 1, 64, 320, 2, 1, 256).growing_keys(4.f));
     add(t + "hdim256_many_tiles_causal", dense(dt, 1, 384, 384, 96, 8, 256).make_causal());

@@ -332,8 +332,11 @@ __global__ void __launch_bounds__(Tr::kNConsumerThreads)
     bwd_postprocess_kernel(const __grid_constant__ BwdParams p, BwdRows ws) {
   using Element = typename Tr::Element;
   constexpr int kM = Tr::kBlockM, kD = Tr::kHeadDim, kThreads = Tr::kNConsumerThreads;
-  constexpr int kParts = kD > 128 ? 2 : 1, kCols = kD / kParts;
-  constexpr int kLd = kCols + 4;  // a row of the staged tile, padded (16-byte aligned rows)
+  // Column parts where the whole padded tile passes 48 KiB and the fragment's repeats along
+  // the head dim split in two (256); else one part, unpadded if only that fits (192).
+  constexpr int kStatic = 48 * 1024, kReps = kD / decltype(tile_size<1>(typename Tr::TiledMmaDq{}))::value;
+  constexpr int kParts = kM * (kD + 4) * 4 > kStatic && kReps % 2 == 0 ? 2 : 1, kCols = kD / kParts;
+  constexpr int kLd = kM * (kCols + 4) * 4 <= kStatic ? kCols + 4 : kCols;  // a staged row (16-byte aligned)
   __shared__ __align__(16) float tile[kM * kLd];
   const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
   const cuda::SeqInfo seq = cuda::seq_info(p, b);

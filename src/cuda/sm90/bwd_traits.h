@@ -208,13 +208,19 @@ struct BwdTraits {
 //   Per consumer thread, fp32: dKᵀ 80 + dVᵀ 80 + S 20 + dP 20 at the peak, then a 32-value
 //   dQ slab. Shared memory: Q 64 (two stages) + dO 32 (one) + K 40 + V 40 + P 20 + dS 20 KiB,
 //   and 0.75 KiB of LSE and D.
+// - head dim 192: 64 query rows × 96 keys in BwdTraitsWide, three consumer warpgroups of 32
+//   keys each at 160 registers (FlashAttention-3's tiles), two P/dS buffers, one 192-column
+//   dQ slab. Per consumer thread, fp32: dKᵀ 48 + dVᵀ 48 + S 16 + dP 16, then 32 of dQ.
+//   Shared memory: Q 48 (two stages) + dO 24 + K 36 + V 36 + P 24 + dS 24 KiB.
 template <DType kDtype, int kHeadDim>
 struct BwdConfig {
-  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 256,
-                "the Hopper backward has instances at head dims 64, 96, 128 and 256");
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                "the Hopper backward has instances at head dims 64, 96, 128, 192 and 256");
   using Element = typename cuda::ElementFor<kDtype>::type;
-  using Traits = std::conditional_t<kHeadDim == 256, BwdTraitsWide<Element, 256, 64, 80, 2, 2>,
-                                    BwdTraits<Element, kHeadDim, kHeadDim == 64 ? 128 : 64, 128>>;
+  using Traits = std::conditional_t<
+      kHeadDim == 256, BwdTraitsWide<Element, 256, 64, 80, 2, 2>,
+      std::conditional_t<kHeadDim == 192, BwdTraitsWide<Element, 192, 64, 96, 3, 2>,
+                         BwdTraits<Element, kHeadDim, kHeadDim == 64 ? 128 : 64, 128>>>;
 };
 
 }  // namespace flashlab::sm90

@@ -38,9 +38,10 @@ struct BwdTraitsWide {
   static constexpr bool kDqAtomic = true;  // dQ leaves from registers: no dQ warp, no dQ stage
 
   // ---- roles: warpgroup 0 loads (warp 0, one thread) with 24 registers; the others compute
-  // with 240 --------------------------------------------------------------------------------
+  // with 240 (two of them) or 160 (three) ---------------------------------------------------
   static constexpr int kNConsumerWarpgroups = kNConsumerWarpgroups_, kNConsumerThreads = 128 * kNConsumerWarpgroups;
-  static constexpr int kNThreads = 128 + kNConsumerThreads, kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr int kNThreads = 128 + kNConsumerThreads, kProducerRegs = 24;
+  static constexpr int kConsumerRegs = kNConsumerWarpgroups == 2 ? 240 : 160;  // 64K registers an SM
   // Named barriers (CUTLASS adds its reserved ids): every consumer's P and dS are in shared
   // memory; varlen: the consumers have zeroed a tile's rows past its sequence.
   static constexpr int kDsBarrier = 0;

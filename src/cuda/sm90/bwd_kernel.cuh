@@ -8,7 +8,8 @@
 // query block of one query head of the KV head's group (GQA: the group's heads one after
 // another), and only the blocks whose rows see the CTA's keys (causal, windows). Each
 // step's dQ goes through shared memory to warpgroup 0's second warp, which adds it to the
-// fp32 accumulator with one bulk reduce-add; the postprocess scales and rounds it.
+// fp32 accumulator with one bulk reduce-add per consumer warpgroup's half, each issued as
+// soon as that half is stored; the postprocess scales and rounds it.
 //
 // Deterministic mode: the dQ warp adds each query block's partial sums in a fixed order of
 // key blocks (ascending, or descending under a right bound), through a turn counter per
@@ -148,12 +149,15 @@ __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, type
       }
     }
     // Each warpgroup's half as soon as it is there: one bulk reduce-add (one group) each.
+    // The warp converges before each barrier (the leader may have spun on its turn).
+    __syncwarp();
     for (int wg = 0; wg < 2; ++wg) {
       NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::dq_full_barrier(wg));
       if (leader) {
         bulk_reduce_add(dst + wg * kHalf, ss.dq.data() + wg * kHalf, kHalf * int(sizeof(float)));
         tma_store_arrive();
       }
+      __syncwarp();
     }
     // Each half free again once read: the first group, then both.
     if (leader) tma_store_wait<1>();

@@ -142,7 +142,8 @@ TEST_F(CuteFa2BwdTest, Fa3DeterministicIsBitwiseReproducible) {
       {"bf16_hdim64_gqa4_causal_1000", dense(DType::kBF16, 2, 1000, 1000, 8, 2, 64).make_causal()},
       {"fp16_hdim64_varlen_empty", varlen(DType::kF16, {300, 0, 517}, {700, 64, 517}, 4, 2, 64)},
       // Head dim 96: dQ split by columns, 48 per warpgroup.
-      {"bf16_hdim96_gqa4_causal_1000", dense(DType::kBF16, 2, 1000, 1000, 8, 2, 96).make_causal()}};
+      {"bf16_hdim96_gqa4_causal_1000", dense(DType::kBF16, 2, 1000, 1000, 8, 2, 96).make_causal()},
+      {"fp16_hdim96_mqa_1000", dense(DType::kF16, 1, 1000, 1000, 4, 1, 96)}};
   for (const DeterministicCase& c : cases) check_deterministic("cute_fa3", c.name, c.problem);
 }
 

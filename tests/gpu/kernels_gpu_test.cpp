@@ -89,6 +89,8 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
         varlen(dt, {33, 1, 190}, {80, 9, 190}, 2, 1, 96).window(17, 4).cap(20.f));
     add(t + "hdim96_many_tiles_causal", dense(dt, 2, 384, 384, 48, 8, 96).make_causal());
     add(t + "hdim96_padded_strides", dense(dt, 2, 90, 110, 4, 2, 96).padded({1, 3, 1, pad16}));
+    add(t + "hdim96_window_32_8_sq_lt_sk", dense(dt, 1, 100, 220, 2, 1, 96).window(32, 8));
+    add(t + "hdim96_sq_gt_sk_causal_masked_rows", dense(dt, 2, 300, 65, 8, 2, 96).make_causal());
     add(t + "hdim192_causal", dense(dt, 1, 100, 130, 2, 1, 192).make_causal());
     add(t + "hdim256", dense(dt, 1, 64, 64, 2, 1, 256));
     add(t + "hdim256_growing_keys", dense(dt, 1, 64, 320, 2, 1, 256).growing_keys(4.f));

@@ -482,6 +482,7 @@ __global__ void __launch_bounds__(Tr::kNConsumerThreads)
   Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + seq.start_q * p.dq_row_stride +
                 h * p.dq_head_stride;
   const bool vec = reinterpret_cast<uintptr_t>(dq) % 16 == 0 && p.dq_row_stride % 8 == 0;
+  static_assert(kM * kD / 8 % kThreads == 0, "every thread stores the same number of 8-value chunks");
   CUTE_UNROLL
   for (int it = 0; it < kM * kD / 8 / kThreads; ++it) {
     const int chunk = it * kThreads + t, r = chunk / (kD / 8), c8 = chunk % (kD / 8) * 8;

@@ -28,6 +28,13 @@
 #include "cuda/cute_common.cuh"
 #include "flashlab/flashlab.h"
 
+// The MMA selectors below need wgmma widths that are no power of two times 16 (48 columns
+// of dQ per warpgroup at head dim 96), which CuTe enumerates only under this macro, defined
+// before any CuTe header (the instantiation files define it first).
+#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#error "bwd_traits.h needs CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED defined before CuTe's headers"
+#endif
+
 namespace flashlab::sm90 {
 
 using namespace cute;
@@ -62,7 +69,7 @@ struct BwdTraits {
   static constexpr int kStages = 2;         // Q and dO tiles in flight; dS buffers
   static_assert(kBlockN == 64 * kNConsumerWarpgroups, "each consumer owns 64 keys");
   static_assert(kBlockM % 16 == 0 && kBlockM <= 256, "queries are the wgmma N of S and dP");
-  static_assert(kHeadDim % 32 == 0, "head-dim columns are whole 64- or 128-byte swizzle lines");
+  static_assert(kHeadDim % 32 == 0, "head dims of whole 64-byte lines (smem_atom picks the swizzle)");
 
   using BlkM = Int<kBlockM>;
   using BlkN = Int<kBlockN>;
@@ -98,6 +105,11 @@ struct BwdTraits {
                             Layout<Shape<_1, Int<kNConsumerWarpgroups>, _1>>{});
   }
   using TiledMmaDq = decltype(dq_tiled_mma());
+  // One wgmma covers a warpgroup's slice of dQ: CuTe's selector, compiled without the wide
+  // shapes (the macro above, defined after a CuTe header), would split it into 16-wide ones.
+  static_assert(decltype(size<1>(typename TiledMmaDq::AtomShape_MNK{}))::value ==
+                    (kDqSplitsRows ? kHeadDim : kHeadDim / kNConsumerWarpgroups),
+                "one wgmma per warpgroup's dQ slice");
 
   // ---- shared memory --------------------------------------------------------------------
   // The widest swizzle whose atom (8 rows of 128, 64 or 32 bytes) tiles `cols` columns of a

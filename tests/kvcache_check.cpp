@@ -332,8 +332,9 @@ void check_kvcache_case(std::string_view kernel, const KvCase& c, Placement& pl)
   };
   const int64_t nan_out = nan_where_oracle("out", got_out, oracle.out, lowp.out);
   const int64_t nan_lse = nan_where_oracle("lse", got_lse, oracle.lse, lowp.lse);
-  if (c.nan_visible >= 0)  // the case reaches some rows: query heads of KV head 0's group
+  if (c.nan_visible >= 0) {  // the case reaches some rows: query heads of KV head 0's group
     EXPECT_TRUE(nan_out > 0 && nan_lse > 0) << "no row sees the NaN at row " << c.nan_visible;
+  }
   EXPECT_TRUE(within_rule("out", max_abs_err(got_out, oracle.out), max_abs_err(lowp.out, oracle.out),
                           magnitude_of(oracle.out)));
   EXPECT_TRUE(within_rule("lse", max_abs_err(got_lse, oracle.lse), max_abs_err(lowp.lse, oracle.lse),

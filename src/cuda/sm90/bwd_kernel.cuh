@@ -9,8 +9,9 @@
 // query block of one query head of the KV head's group (GQA: the group's heads one after
 // another), and only the blocks whose rows see the CTA's keys (causal, windows). Each
 // step's dQ goes through shared memory to warpgroup 0's second warp, which adds it to the
-// fp32 accumulator with one bulk reduce-add; the postprocess scales and rounds it. P and
-// dS from the scores, and the dK/dV epilogue: bwd_scores.cuh.
+// fp32 accumulator with one bulk reduce-add per consumer warpgroup's half, each issued as
+// soon as that half is stored; the postprocess scales and rounds it. P and dS from the
+// scores, and the dK/dV epilogue: bwd_scores.cuh.
 //
 // Deterministic mode: the dQ warp adds each query block's partial sums in a fixed order of
 // key blocks (ascending, or descending under a right bound), through a turn counter per
@@ -131,32 +132,45 @@ template <class Tr>
 __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
                                              const BwdSteps& steps, const cuda::SeqInfo& seq) {
   using cutlass::arch::NamedBarrier;
-  constexpr int kBlock = Tr::kBlockM * Tr::kHeadDim;
+  constexpr int kHalf = Tr::kDqHalf;  // floats of one consumer warpgroup's dQ
   const int n_block = bwd_n_block(kp.p), h_kv = blockIdx.y, b = blockIdx.z;
   const bool leader = threadIdx.x % 32 == 0;
   const bool ordered = kp.ws.dq_turn != nullptr;
-  NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
+  for (int wg = 0; wg < 2; ++wg) NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::dq_empty_barrier(wg));
   for (int s = 0; s < steps.total; ++s) {
     // The step's turn (deterministic), found while the consumers still compute its dQ.
     const int mine = ordered && leader ? bwd_turn(kp.p, seq, n_block, steps.m_block(s), Tr::kBlockM,
                                                   Tr::kBlockN)
                                        : 0;
     int* turn = nullptr;
-    NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::kDqFullBarrier);
+    float* dst = nullptr;
     if (leader) {
       const int h = steps.head(s, h_kv, kp.p.group), m = steps.m_block(s);
-      float* dst = kp.ws.dq_accum + (kp.ws.row(kp.p, seq, b, h) + int64_t(m) * Tr::kBlockM) * Tr::kHeadDim;
+      dst = kp.ws.dq_accum + (kp.ws.row(kp.p, seq, b, h) + int64_t(m) * Tr::kBlockM) * Tr::kHeadDim;
       turn = ordered ? kp.ws.turn(kp.p, seq, b, h, m) : nullptr;
       if (ordered) {  // wait for the earlier key blocks' adds to be done and visible
         while (cuda::load_acquire(turn) != mine) __nanosleep(64);
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
       }
-      bulk_reduce_add(dst, ss.dq.data(), kBlock * int(sizeof(float)));
-      tma_store_arrive();
-      tma_store_wait<0>();  // the stage has been read
     }
+    // Each warpgroup's half as soon as it is there: one bulk reduce-add (one group) each.
+    // The warp converges before each barrier (the leader may have spun on its turn).
     __syncwarp();
-    if (s + 1 < steps.total) NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
+    for (int wg = 0; wg < 2; ++wg) {
+      NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::dq_full_barrier(wg));
+      if (leader) {
+        bulk_reduce_add(dst + wg * kHalf, ss.dq.data() + wg * kHalf, kHalf * int(sizeof(float)));
+        tma_store_arrive();
+      }
+      __syncwarp();
+    }
+    // Each half free again once read: the first group, then both.
+    if (leader) tma_store_wait<1>();
+    __syncwarp();
+    if (s + 1 < steps.total) NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::dq_empty_barrier(0));
+    if (leader) tma_store_wait<0>();
+    __syncwarp();
+    if (s + 1 < steps.total) NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::dq_empty_barrier(1));
     if (ordered && leader) {  // this block's add is written before the next one may start
       asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
       asm volatile("fence.proxy.async.global;\n" ::: "memory");
@@ -264,15 +278,17 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     warpgroup_wait_for<1>(acc_dq);  // dV (the last reader of dO) and dQ are done
     pipeline_do.consumer_release(state_do);
     ++state_do;
-    // dQ into the shared stage (free once the dQ warp's last bulk reduce has read it).
-    NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
-    static_assert(decltype(size(acc_dq))::value % 4 == 0);
+    // dQ into this warpgroup's half of the shared stage (free once the dQ warp's last bulk
+    // reduce of it has read it).
+    const int wg = ctid / 128;
+    NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::dq_empty_barrier(wg));
+    static_assert(decltype(size(acc_dq))::value % 4 == 0 && decltype(size(acc_dq))::value * 128 == Tr::kDqHalf);
     CUTE_UNROLL
     for (int e = 0; e < size(acc_dq); e += 4)
       *reinterpret_cast<float4*>(ss.dq.data() + Tr::dq_slot(ctid, e)) =
           make_float4(acc_dq(e), acc_dq(e + 1), acc_dq(e + 2), acc_dq(e + 3));
     cutlass::arch::fence_view_async_shared();
-    NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqFullBarrier);
+    NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::dq_full_barrier(wg));
     warpgroup_wait_for<0>(acc_dk);  // dK (the last reader of Q) is done
     pipeline_q.consumer_release(state_q);
     ++state_q;

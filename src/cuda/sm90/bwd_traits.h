@@ -58,14 +58,15 @@ struct BwdTraits {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   // Named barriers (CUTLASS adds its reserved ids): both consumers' dS are in shared memory;
-  // the dQ stage is full (consumers arrive, the dQ warp waits); it is free again (the dQ
-  // warp arrives once its bulk reduce has read it, the consumers wait).
+  // varlen: the consumers have zeroed a tile's rows past its sequence (bwd_kernel.cuh); per
+  // consumer warpgroup, its half of the dQ stage is full (the warpgroup arrives, the dQ warp
+  // waits) and free again (the dQ warp arrives once its bulk reduce has read it, the
+  // warpgroup waits). Each warpgroup meets only the dQ warp there, never the other one.
   static constexpr int kDsBarrier = 0;
-  static constexpr int kDqFullBarrier = 1;
-  static constexpr int kDqEmptyBarrier = 2;
-  static constexpr int kDqBarrierThreads = kNConsumerThreads + 32;
-  // Varlen: the consumers have zeroed a tile's rows past its sequence (bwd_kernel.cuh).
-  static constexpr int kZeroedBarrier = 3;
+  static constexpr int kZeroedBarrier = 1;
+  static constexpr int kDqBarrierThreads = 128 + 32;
+  static constexpr int dq_full_barrier(int wg) { return 2 + wg; }
+  static constexpr int dq_empty_barrier(int wg) { return 4 + wg; }
 
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // query rows per step
@@ -182,11 +183,13 @@ struct BwdTraits {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 
   // Where value e of consumer thread t's dQ accumulator goes in a step's block of
-  // kBlockM·kHeadDim floats (shared memory and the global accumulator alike): groups of four
+  // kBlockM·kHeadDim floats (shared memory and the global accumulator alike): each consumer
+  // warpgroup's values in one contiguous half (its own bulk reduce), in it groups of four
   // values per thread side by side, so that a warp's 16-byte stores cover 512 contiguous
   // bytes. The postprocess reads the block back through the same map.
+  static constexpr int kDqHalf = kBlockM * kHeadDim / 2;
   static __host__ __device__ constexpr int dq_slot(int t, int e) {
-    return (e / 4) * (kNConsumerThreads * 4) + t * 4 + e % 4;
+    return (t / 128) * kDqHalf + (e / 4) * (128 * 4) + (t % 128) * 4 + e % 4;
   }
 };
 

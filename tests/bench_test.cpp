@@ -131,6 +131,19 @@ TEST(BenchSweep, FixedTokensAndHiddenSize) {
   for (const Problem& p : ps) EXPECT_TRUE(p.causal && !p.backward);
 }
 
+TEST(BenchSweep, AHeadDimThatDoesNotDivideTheHiddenSizeRoundsTheHeadsDown) {
+  Sweep s;
+  s.head_dims = {96, 4096};  // 2048 / 96 = 21.3; 4096 is wider than the hidden size
+  s.seqlens = {4096};
+  s.causal = {false};
+  s.backward = false;
+  const std::vector<Problem> ps = sweep_problems(s);
+  ASSERT_EQ(ps.size(), 1u);
+  EXPECT_EQ(ps[0].heads_q, 21);
+  EXPECT_EQ(ps[0].heads_kv, 21);
+  EXPECT_EQ(ps[0].batch, 4);
+}
+
 // ---- timing -----------------------------------------------------------------------------
 
 TEST(BenchTiming, PlanFitsTheBudget) {

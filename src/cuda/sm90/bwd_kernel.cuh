@@ -468,7 +468,8 @@ Status BwdInstance<kDtype, kHeadDim>::run(const BwdParams& p) {
 }
 template <DType kDtype, int kHeadDim>
 const void* BwdInstance<kDtype, kHeadDim>::kernel() {
-  // The softcap variant has the same resources: either answers device_supports.
+  // device_supports asks whether the binary has code for the device and what shared memory
+  // it needs; the softcap variant is in the same binary with the same shared memory.
   return reinterpret_cast<const void*>(bwd_kernel<typename BwdConfig<kDtype, kHeadDim>::Traits, false>);
 }
 template <DType kDtype, int kHeadDim>

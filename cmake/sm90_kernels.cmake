@@ -26,10 +26,10 @@ if("90a" IN_LIST FLASHLAB_CUDA_ARCHS AND FLASHLAB_SM90_FWD_HEAD_DIMS)
     endforeach()
   endforeach()
 
-  # The backward (cute_fa3's backward pass): instances at head dims 64 and 128, those of
-  # FLASHLAB_HEAD_DIMS.
+  # The backward (cute_fa3's backward pass): instances at head dims 64, 96, 128, 192 and 256, those
+  # of FLASHLAB_HEAD_DIMS.
   set(_bwd_dims "")
-  foreach(hdim 64 128)
+  foreach(hdim 64 96 128 192 256)
     if(hdim IN_LIST FLASHLAB_HEAD_DIMS)
       list(APPEND _bwd_dims ${hdim})
       foreach(dtype fp16 bf16)

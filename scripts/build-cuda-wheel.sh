@@ -15,9 +15,9 @@
 #
 # How long it takes: nvcc is nearly all of it. The default build compiles 37 CUDA translation
 # units for both sm_80 and sm_90a (the runtime, the ladder, cute_fa2's dispatch and its 30
-# instantiations: forward, backward and KV cache per head dim and dtype) and 12 for sm_90a
-# alone (cute_fa3's two dispatch units and 10 instantiations: forward at head dims 64, 128 and
-# 256, backward at 64 and 128, per dtype), -j from nproc. Each step prints its wall time; the
+# instantiations: forward, backward and KV cache per head dim and dtype) and 14 for sm_90a
+# alone (cute_fa3's two dispatch units and 12 instantiations: forward at head dims 64, 128 and
+# 256, backward at 64, 96 and 128, per dtype), -j from nproc. Each step prints its wall time; the
 # build step's time is the number to read. FLASHLAB_HEAD_DIMS=128 builds one head dim (6 + 4
 # instantiations).
 #

@@ -126,6 +126,8 @@ KvCall make_call(const KvCase& c, std::mt19937_64& rng) {
         }
     }
   }
+  if (c.nan_visible >= 0)
+    k.k_cache.set(cache_index(k, c, 0, c.nan_visible), std::numeric_limits<double>::quiet_NaN());
   if (c.rotary_dim > 0) {  // RoPE: angle pos·10000^(−2i / rotary_dim)
     const int rows = c.capacity + c.seqlen_q, half = c.rotary_dim / 2;
     k.rotary_cos = HostTensor(c.dtype, {rows, half}, {4});
@@ -293,8 +295,8 @@ void check_kvcache_case(std::string_view kernel, const KvCase& c, Placement& pl)
               k.v_new.storage() == vn0.storage() && k.block_table.storage() == bt0.storage() &&
               k.rotary_cos.storage() == cos0.storage())
       << "forward_kvcache wrote an input";
-  EXPECT_TRUE(k.out.written_exactly("out"));
-  EXPECT_TRUE(k.lse.written_exactly("lse"));
+  EXPECT_TRUE(k.out.written_exactly("out", c.nan_visible >= 0));
+  EXPECT_TRUE(k.lse.written_exactly("lse", c.nan_visible >= 0));
 
   Results oracle, lowp;
   for (int b = 0; b < int(c.cached.size()); ++b) {
@@ -315,9 +317,24 @@ void check_kvcache_case(std::string_view kernel, const KvCase& c, Placement& pl)
     append_to(&oracle.out, o.out), append_to(&oracle.lse, o.lse);
     append_to(&lowp.out, l.out), append_to(&lowp.lse, l.lse);
   }
-  const std::vector<double> got_out = k.out.to_f64(), got_lse = k.lse.to_f64();
+  std::vector<double> got_out = k.out.to_f64(), got_lse = k.lse.to_f64();
   ASSERT_EQ(oracle.out.size(), got_out.size());
   ASSERT_EQ(oracle.lse.size(), got_lse.size());
+  // Where the oracle is NaN (a row that sees a NaN), the kernel must be NaN too; those
+  // elements then leave the error bound's comparison.
+  auto nan_where_oracle = [](const char* what, std::vector<double>& got, std::vector<double>& want,
+                             std::vector<double>& low) {
+    int64_t nan = 0, finite = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      if (std::isnan(want[i])) ++nan, finite += !std::isnan(got[i]), got[i] = want[i] = low[i] = 0.0;
+    EXPECT_EQ(finite, 0) << what << ": elements finite where the row sees a NaN";
+    return nan;
+  };
+  const int64_t nan_out = nan_where_oracle("out", got_out, oracle.out, lowp.out);
+  const int64_t nan_lse = nan_where_oracle("lse", got_lse, oracle.lse, lowp.lse);
+  if (c.nan_visible >= 0) {  // the case reaches some rows: query heads of KV head 0's group
+    EXPECT_TRUE(nan_out > 0 && nan_lse > 0) << "no row sees the NaN at row " << c.nan_visible;
+  }
   EXPECT_TRUE(within_rule("out", max_abs_err(got_out, oracle.out), max_abs_err(lowp.out, oracle.out),
                           magnitude_of(oracle.out)));
   EXPECT_TRUE(within_rule("lse", max_abs_err(got_lse, oracle.lse), max_abs_err(lowp.lse, oracle.lse),

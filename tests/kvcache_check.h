@@ -44,6 +44,10 @@ struct KvCase {
   // NaN in every K and V row of the cache that no query of its sequence sees (left of the
   // first query's window): the output must not change (docs/DESIGN.md, non-finite values).
   bool nan_hidden = false;
+  // >= 0: a NaN in one K element of that cache row of sequence 0, KV head 0, a key every query
+  // of the sequence sees: their out rows and LSEs must be NaN (whichever split or warp met it),
+  // every other row as the oracle says.
+  int nan_visible = -1;
   // cache_leftpad (empty: none; contiguous caches): sequence b's keys start at row
   // leftpad[b]; the rows before them hold NaN, which must not reach the outputs.
   std::vector<int> leftpad = {};

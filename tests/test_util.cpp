@@ -171,10 +171,11 @@ std::vector<bool> HostTensor::seen_by_view() const {
   return ::testing::AssertionSuccess();
 }
 
-::testing::AssertionResult HostTensor::written_exactly(std::string_view name) const {
+::testing::AssertionResult HostTensor::written_exactly(std::string_view name, bool nan_written) const {
   int64_t unwritten = 0, first = -1;
   for (int64_t i = 0; i < numel(); ++i) {
-    if (!std::isnan(get(i))) continue;
+    const std::byte* e = storage_.data() + kCanaryBytes + offset(i) * int64_t(elem_bytes());
+    if (nan_written ? !is_poison(e, dtype_) : !std::isnan(get(i))) continue;
     if (first < 0) first = i;
     ++unwritten;
   }

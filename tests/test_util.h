@@ -80,8 +80,10 @@ class HostTensor {
   // Every byte of storage (padding included) becomes NaN of this dtype.
   void poison();
   // The kernel wrote every logical element (none is NaN) and nothing else (the padding
-  // is still poison). Outputs are poisoned before a run, so this proves both.
-  ::testing::AssertionResult written_exactly(std::string_view name) const;
+  // is still poison). Outputs are poisoned before a run, so this proves both. With
+  // nan_written, a NaN counts as written unless it holds the poison's own bits (outputs
+  // that must be NaN where an input NaN reaches them).
+  ::testing::AssertionResult written_exactly(std::string_view name, bool nan_written = false) const;
   // The padding is still poison.
   ::testing::AssertionResult padding_untouched(std::string_view name) const;
   // Every element, seen or not, is still poison: nothing was written at all.

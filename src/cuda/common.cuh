@@ -29,6 +29,56 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+// Programmatic dependent launch (sm_90 and newer). A kernel launched by launch_after() may
+// start while the kernel before it on the stream is still running, so that its CTAs are
+// resident and set up by the time that kernel ends, instead of paying the launch after it.
+// Such a kernel calls wait_for_prior_grid() before it reads anything from global memory: it
+// returns once every prior grid has completed and its writes are visible. A kernel calls
+// allow_dependents() to let the next such launch start before it ends (at once if it never
+// calls it: at its exit). Both compile to nothing before sm_90 and return at once in a kernel
+// launched the ordinary way.
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether `kernel` may be launched early on the current device: it was compiled for sm_90 or
+// newer, so that its wait_for_prior_grid() is in the code (__CUDA_ARCH__ follows the PTX
+// target: compute_80 PTX that the driver compiles for an H100 at load time runs sm_90
+// machine code with empty waits, so the PTX version decides, not the binary's).
+inline bool has_dependent_launch(const void* kernel) {
+  cudaFuncAttributes attr;
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
+}
+
+// Launches `kernel` (args: pointers to its arguments, as cudaLaunchKernel takes them) on
+// `stream`, allowed to start before the prior kernel ends where `early` (see
+// wait_for_prior_grid), else in stream order.
+inline cudaError_t launch_after(const void* kernel, dim3 grid, dim3 block, size_t smem,
+                                cudaStream_t stream, void** args, bool early) {
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = early ? 1 : 0;
+  return cudaLaunchKernelExC(&config, kernel, args);
+}
+
 // Sequence bounds of batch entry b. Varlen offsets are clamped to the packed tensors and
 // lengths to max_seqlen, so a wrong cu_seqlens (which the host cannot check on the device
 // without a copy) can give wrong answers but never an out-of-bounds access.

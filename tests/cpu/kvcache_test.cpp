@@ -33,6 +33,8 @@ std::vector<KvCase> cases() {
   cs.back().window_left = 20, cs.back().window_right = 5;
   cs.push_back({"fp32_paged16_window_nan_hidden", kF32, 1, 8, 2, 256, 16, {200, 90, 30}, 1});
   cs.back().window_left = 40, cs.back().nan_hidden = true;
+  cs.push_back({"fp32_nan_visible_sq4_causal", kF32, 4, 8, 2, 256, 0, {200, 90}});
+  cs.back().causal = true, cs.back().nan_visible = 150;  // the last query sees it, the first 3 too
   cs.push_back({"bf16_leftpad_append3_causal_gqa4", kBF16, 3, 8, 2, 256, 0, {200, 9, 40}, 3});
   cs.back().causal = true, cs.back().leftpad = {17, 9, 0};
   cs.push_back({"fp32_leftpad_permuted_window", kF32, 1, 8, 8, 128, 0, {100, 60}, 0, true});

@@ -120,7 +120,7 @@ TEST_F(CuteFa2BwdTest, DeterministicIsBitwiseReproducible) {
   for (const DeterministicCase& c : cases) check_deterministic("cute_fa2", c.name, c.problem);
 }
 
-// cute_fa3's backward (head dims 64 and 128): its dQ warp adds each query block's partial sums in
+// cute_fa3's backward (head dims 64, 96 and 128): its dQ warp adds each query block's partial sums in
 // a fixed key-block order (ascending, or descending under a causal mask). Needs an sm_90 device;
 // elsewhere the test says why it skips.
 TEST_F(CuteFa2BwdTest, Fa3DeterministicIsBitwiseReproducible) {
@@ -140,8 +140,46 @@ TEST_F(CuteFa2BwdTest, Fa3DeterministicIsBitwiseReproducible) {
       {"bf16_causal_multiwave", dense(DType::kBF16, 4, 2048, 2048, 16, 16, 128).make_causal()},
       // Head dim 64: 128-row query blocks, dQ split between the warpgroups by rows.
       {"bf16_hdim64_gqa4_causal_1000", dense(DType::kBF16, 2, 1000, 1000, 8, 2, 64).make_causal()},
-      {"fp16_hdim64_varlen_empty", varlen(DType::kF16, {300, 0, 517}, {700, 64, 517}, 4, 2, 64)}};
+      {"fp16_hdim64_varlen_empty", varlen(DType::kF16, {300, 0, 517}, {700, 64, 517}, 4, 2, 64)},
+      // Head dim 96: dQ split by columns, 48 per warpgroup.
+      {"bf16_hdim96_gqa4_causal_1000", dense(DType::kBF16, 2, 1000, 1000, 8, 2, 96).make_causal()},
+      {"fp16_hdim96_mqa_1000", dense(DType::kF16, 1, 1000, 1000, 4, 1, 96)}};
   for (const DeterministicCase& c : cases) check_deterministic("cute_fa3", c.name, c.problem);
+}
+
+// At head dims 192 and 256 cute_fa3's backward (the wide step) refuses the deterministic mode
+// with the reason, and `auto` then picks cute_fa2's.
+TEST_F(CuteFa2BwdTest, Fa3WideStepRefusesDeterministicAndAutoPicksCuteFa2) {
+  int device = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  if (major != 9) GTEST_SKIP() << "cute_fa3 needs an sm_90 device (this one is sm_" << major << "x)";
+  for (int d : {192, 256}) {
+    if (!cuda::head_dim_built(d)) continue;
+    SCOPED_TRACE("head dim " + std::to_string(d));
+    const Problem p = dense(DType::kBF16, 1, 128, 128, 2, 1, d).make_causal();
+    std::mt19937_64 rng = rng_for("wide-refusal/" + std::to_string(d));
+    Inputs in = make_inputs(p, rng);
+    HostTensor out = make_out(p), lse = make_lse(p), dq = make_like_q(p), dk = make_like_kv(p, d),
+               dv = make_like_kv(p, d);
+    DevicePlacement where;
+    BackwardArgs a = backward_args(p, where.place(in.q), where.place(in.k), where.place(in.v), where.place(out),
+                                   where.place(in.dout), where.place(lse), where.place(dq), where.place(dk),
+                                   where.place(dv), where.place(in.cu_q), where.place(in.cu_k));
+    ASSERT_TRUE(where.ok());
+    a.deterministic = true;
+    std::string name;
+    a.kernel = "cute_fa3";
+    const Status s = select_kernel(a, &name);
+    EXPECT_TRUE(status_is(s, StatusCode::kUnsupported));
+    EXPECT_NE(s.message().find("deterministic"), std::string::npos) << s.message();
+    a.kernel = "auto";
+    ASSERT_OK(select_kernel(a, &name));
+    EXPECT_EQ(name, "cute_fa2");
+    a.deterministic = false;  // and without it, cute_fa3 takes the call
+    ASSERT_OK(select_kernel(a, &name));
+    EXPECT_EQ(name, "cute_fa3");
+  }
 }
 
 #endif  // FLASHLAB_WITH_CUDA

@@ -81,10 +81,38 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
     }
     add(t + "hdim32", dense(dt, 2, 128, 128, 2, 2, 32));
     add(t + "hdim96_causal", dense(dt, 1, 128, 190, 2, 2, 96).make_causal());
+    // Head dim 96 (cute_fa3's backward: K in 32-byte swizzle atoms, dQ halves of 48 columns).
+    add(t + "hdim96_seqlen127_gqa8to1", dense(dt, 1, 127, 129, 16, 2, 96));
+    add(t + "hdim96_varlen_zero_lengths",
+        varlen(dt, {5, 0, 130, 1, 0, 64}, {7, 3, 0, 200, 0, 64}, 4, 2, 96).make_causal());
+    add(t + "hdim96_varlen_window_softcap",
+        varlen(dt, {33, 1, 190}, {80, 9, 190}, 2, 1, 96).window(17, 4).cap(20.f));
+    add(t + "hdim96_many_tiles_causal", dense(dt, 2, 384, 384, 48, 8, 96).make_causal());
+    add(t + "hdim96_padded_strides", dense(dt, 2, 90, 110, 4, 2, 96).padded({1, 3, 1, pad16}));
+    add(t + "hdim96_window_32_8_sq_lt_sk", dense(dt, 1, 100, 220, 2, 1, 96).window(32, 8));
+    add(t + "hdim96_sq_gt_sk_causal_masked_rows", dense(dt, 2, 300, 65, 8, 2, 96).make_causal());
     add(t + "hdim192_causal", dense(dt, 1, 100, 130, 2, 1, 192).make_causal());
+    // Head dim 192 (cute_fa3's backward: 64 query rows × 96 keys, three consumer warpgroups).
+    add(t + "hdim192_sq_gt_sk_causal_masked_rows", dense(dt, 2, 300, 65, 8, 2, 192).make_causal());
+    add(t + "hdim192_mqa_ragged", dense(dt, 1, 127, 161, 8, 1, 192));
+    add(t + "hdim192_many_tiles", dense(dt, 2, 512, 400, 4, 2, 192));
+    add(t + "hdim192_varlen_softcap", varlen(dt, {33, 1, 190}, {80, 9, 190}, 2, 1, 192).cap(20.f));
     add(t + "hdim256", dense(dt, 1, 64, 64, 2, 1, 256));
     add(t + "hdim256_growing_keys", dense(dt, 1, 64, 320, 2, 1, 256).growing_keys(4.f));
     add(t + "hdim256_many_tiles_causal", dense(dt, 1, 384, 384, 96, 8, 256).make_causal());
+    // Head dim 256 (cute_fa3's backward: 64 query rows × 80 keys, dQ by atomics): ragged query
+    // and key blocks, GQA and MQA, seqlen_q on either side of seqlen_k, causal or not.
+    add(t + "hdim256_causal_sq_lt_sk_gqa", dense(dt, 2, 100, 230, 4, 2, 256).make_causal());
+    add(t + "hdim256_sq_gt_sk_causal_masked_rows", dense(dt, 2, 300, 65, 8, 2, 256).make_causal());
+    add(t + "hdim256_mqa_ragged", dense(dt, 1, 127, 161, 8, 1, 256));
+    add(t + "hdim256_seqlen1", dense(dt, 3, 1, 1, 2, 1, 256));
+    add(t + "hdim256_many_tiles", dense(dt, 2, 512, 400, 4, 2, 256));
+    add(t + "hdim256_padded_strides", dense(dt, 2, 90, 110, 4, 2, 256).padded({1, 3, 1, pad16}));
+    // What cute_fa3 refuses at head dim 256 (varlen, softcap, windows): cute_fa2 runs them.
+    add(t + "hdim256_varlen_zero_lengths",
+        varlen(dt, {5, 0, 130, 1, 0, 64}, {7, 3, 0, 200, 0, 64}, 4, 2, 256).make_causal());
+    add(t + "hdim256_softcap_causal", dense(dt, 1, 160, 160, 4, 2, 256).cap(5.f).make_causal());
+    add(t + "hdim256_window_32_8_sq_lt_sk", dense(dt, 1, 100, 220, 2, 1, 256).window(32, 8));
     add(t + "batch0", dense(dt, 0, 64, 64, 2, 2, 64));
     add(t + "seqlen_k0", dense(dt, 2, 33, 0, 2, 2, 64));
     add(t + "seqlen_q0", dense(dt, 2, 0, 33, 2, 2, 64));

@@ -11,11 +11,13 @@
 // block_table values, and rotary positions past the tables, give results in bounds.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 
 #include "cuda/head_dims.h"
 #include "gpu_fixture.h"
 #include "kvcache_check.h"
+#include "late_inputs.h"
 
 namespace flashlab::test {
 namespace {
@@ -71,6 +73,14 @@ std::vector<KvCase> gpu_cases() {
   // Split counts: one, and more than the shortest sequence has key tiles (empty splits).
   add({"bf16_d128_one_split", kBF16, 1, 8, 2, 2048, 0, {2000, 700}}, 128)->num_splits = 1;
   add({"bf16_d128_many_splits", kBF16, 4, 8, 2, 2048, 32, {2000, 70, 0}, 4}, 128)->num_splits = 40;
+  // A NaN in a key every query sees: the rows are NaN through one split (the keys-per-warp
+  // merge), many splits (the combine) and the rows-per-warp arrangement.
+  auto* n1 = add({"bf16_d128_nan_visible_decode", kBF16, 1, 8, 2, 2048, 0, {2000, 700}}, 128);
+  n1->nan_visible = 5, n1->num_splits = 1;
+  auto* n2 = add({"fp16_d128_nan_visible_8_splits_sq4", kF16, 4, 8, 2, 2048, 0, {1500, 900}}, 128);
+  n2->nan_visible = 1400, n2->num_splits = 8;
+  auto* n3 = add({"bf16_d64_nan_visible_one_split_sq16", kBF16, 16, 8, 2, 1024, 0, {1000, 64}}, 64);
+  n3->nan_visible = 0, n3->num_splits = 1;
   // Rotary in the append kernel, q read from the workspace (after the partials with splits).
   add({"bf16_d128_rotary_interleaved_decode_gqa4", kBF16, 1, 8, 2, 2048, 0, {2000, 1, 777}, 1}, 128)
       ->rotary_dim = 128;
@@ -94,6 +104,72 @@ std::vector<KvCase> gpu_cases() {
 }
 #endif  // FLASHLAB_WITH_CUDA
 
+#if FLASHLAB_WITH_CUDA
+// A device placement whose tensors hold 0xff bytes (NaN; -1 in the int32 tables) until a
+// kernel enqueued right before the call copies their real bytes in, after letting the next
+// kernel launch early and after the host says the call is enqueued (late_inputs.h): the first
+// fetch, which check_kvcache_case makes once forward_kvcache has returned. The workspace is
+// asked for last, just before the call, so the late kernel goes there, after the
+// workspace's own fill: it is the kernel the call's first kernel follows. (Only that first
+// kernel follows it; the others of the call follow the call's own kernels.)
+class LateInputs final : public Placement {
+ public:
+  LateInputs() {
+    ok_ = cuda_ok(cudaHostAlloc(reinterpret_cast<void**>(&flags_), 2 * sizeof(int), cudaHostAllocMapped),
+                  "cudaHostAlloc");
+    if (ok_) flags_[0] = flags_[1] = 0;  // go, timed_out
+  }
+  ~LateInputs() override {
+    release();
+    cudaStreamSynchronize(static_cast<cudaStream_t>(inner_.stream()));  // the late kernel is done
+    if (flags_ != nullptr) cudaFreeHost(flags_);
+  }
+  Device device() const override { return Device::kCUDA; }
+  void* stream() override { return inner_.stream(); }
+  Tensor place(const HostTensor& t) override {
+    Tensor v = inner_.place(t);
+    if (!v.present()) return v;
+    std::byte* base = static_cast<std::byte*>(v.data) - HostTensor::kCanaryBytes;
+    staged_.emplace_back(t.storage_bytes());
+    ok_ = ok_ && staged_.back().ok() && staged_.back().upload(t.storage().data(), t.storage_bytes()) &&
+          cuda_ok(cudaMemset(base, 0xff, t.storage_bytes()), "cudaMemset");
+    copies_.push_back({base, staged_.back().get(), t.storage_bytes()});
+    return v;
+  }
+  void* scratch(size_t bytes) override {
+    void* workspace = inner_.scratch(bytes);
+    int* flags_dev = nullptr;
+    list_ = DeviceBuffer(copies_.size() * sizeof(LateCopy));
+    ok_ = ok_ && list_.ok() && list_.upload(copies_.data(), copies_.size() * sizeof(LateCopy)) &&
+          cuda_ok(cudaHostGetDevicePointer(reinterpret_cast<void**>(&flags_dev), flags_, 0),
+                  "cudaHostGetDevicePointer") &&
+          cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize") &&
+          cuda_ok(launch_late_copies(static_cast<const LateCopy*>(list_.get()), int(copies_.size()),
+                                     flags_dev, flags_dev + 1, static_cast<cudaStream_t>(inner_.stream())),
+                  "launch_late_copies");
+    return workspace;
+  }
+  bool fetch(HostTensor& t) override {
+    release();
+    return inner_.fetch(t);
+  }
+  bool ok() const override {
+    return ok_ && inner_.ok() && (flags_ == nullptr || reinterpret_cast<volatile int*>(flags_)[1] == 0);
+  }
+
+ private:
+  void release() {
+    if (flags_ != nullptr) reinterpret_cast<volatile int*>(flags_)[0] = 1;
+  }
+  std::vector<DeviceBuffer> staged_;
+  std::vector<LateCopy> copies_;
+  DeviceBuffer list_;
+  int* flags_ = nullptr;  // mapped host memory: [0] go, [1] timed out
+  bool ok_ = true;
+  DevicePlacement inner_;  // last, so that it is destroyed first (its stream synchronizes)
+};
+#endif
+
 class KvCacheGpuTest : public GpuParamTest<std::string> {};
 
 TEST_P(KvCacheGpuTest, MatchesOracleOnTheGatheredCache) {
@@ -105,7 +181,66 @@ TEST_P(KvCacheGpuTest, MatchesOracleOnTheGatheredCache) {
 #endif
 }
 
+// The same cases with every input written by the kernel just before the call, which lets
+// the call's kernels launch early on sm_90: each must wait for it before reading anything.
+TEST_P(KvCacheGpuTest, WaitsForInputsTheKernelBeforeWrites) {
+#if FLASHLAB_WITH_CUDA
+  for (const KvCase& c : gpu_cases()) {
+    {  // the case's kernels loaded first: with lazy loading a kernel's first launch may wait
+       // for the device to be idle, and the late kernel waits for the host
+      DevicePlacement warm;
+      check_kvcache_case(GetParam(), c, warm);
+    }
+    LateInputs late;
+    check_kvcache_case(GetParam(), c, late);
+  }
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(Cuda, KvCacheGpuTest, ::testing::Values("auto", "cute_fa2"));
+
+#if FLASHLAB_WITH_CUDA
+// The control for WaitsForInputsTheKernelBeforeWrites: on sm_90 a kernel launched early after
+// the late kernel that reads without griddepcontrol.wait runs before the late copy and sees
+// the bytes from before it, so the window that test relies on is really open.
+class KvCacheGpuLateTest : public GpuTest {};
+
+TEST_F(KvCacheGpuLateTest, AnEarlyReaderSeesTheBytesBeforeTheLateCopy) {
+  int major = 0;
+  ASSERT_TRUE(cuda_ok(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0),
+                      "cudaDeviceGetAttribute"));
+  if (major < 9) GTEST_SKIP() << "programmatic dependent launch needs compute capability 9.0 or newer";
+  HostTensor t(DType::kF32, {64});
+  for (int64_t i = 0; i < 64; ++i) t.set(i, 1.0);
+  LateInputs late;
+  const Tensor v = late.place(t);
+  int* seen = nullptr;
+  int* seen_dev = nullptr;
+  ASSERT_TRUE(cuda_ok(cudaHostAlloc(reinterpret_cast<void**>(&seen), sizeof(int), cudaHostAllocMapped),
+                      "cudaHostAlloc"));
+  ASSERT_TRUE(cuda_ok(cudaHostGetDevicePointer(reinterpret_cast<void**>(&seen_dev), seen, 0), "pointer"));
+  // The reader once on an idle device first: with lazy loading (CUDA's default) a kernel's
+  // first launch loads it, which may wait for the device to be idle, and the late kernel
+  // below waits for the host.
+  const auto stream = static_cast<cudaStream_t>(late.stream());
+  ASSERT_TRUE(cuda_ok(launch_early_peek(v.data, seen_dev, stream), "peek (loading)"));
+  ASSERT_TRUE(cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  *reinterpret_cast<volatile int*>(seen) = -1;
+  ASSERT_NE(late.scratch(16), nullptr);  // the late kernel, waiting for the host
+  ASSERT_TRUE(cuda_ok(launch_early_peek(v.data, seen_dev, stream), "peek"));
+  // The reader must finish while the late kernel still waits: up to a second.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (*reinterpret_cast<volatile int*>(seen) == -1 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1)) {
+  }
+  const int byte = *reinterpret_cast<volatile int*>(seen);
+  ASSERT_TRUE(late.fetch(t));  // releases the late kernel and waits for it
+  ASSERT_TRUE(late.ok());
+  cudaFreeHost(seen);
+  EXPECT_EQ(byte, 0xff) << "the early reader did not run before the late copy (-1: not at all)";
+  EXPECT_EQ(t.get(0), 1.0) << "the late copy did not land";
+}
+#endif
 
 // Device tables are clamped, never trusted: each bad value still gives a call that succeeds
 // and writes every out and LSE element (which rows it read is unspecified), and nothing

@@ -152,12 +152,14 @@ std::string supports_kv(const KvCacheParams& p) {
 }
 
 // How many splits the keys of each (sequence, KV head, row block) get: the caller's
-// num_splits (at most kMaxSplits and the cache's key tiles), or with 0 the fewest that keep
-// the SMs about as busy as any count would: the CTAs of s splits fill
-// ceil(ctas·s / slots) waves of `slots` = SMs × resident CTAs per SM, so they fill a fraction
-// ctas·s / (waves·slots) of those waves' slots, and s is the smallest count whose fraction is
-// at least 85% of the best count's (FlashAttention-2's rule). Called twice per call
-// (workspace_kv, run_kv), each time with three CUDA queries.
+// num_splits (at most kMaxSplits and the cache's key tiles), or with 0 the count that a model
+// of the critical path finishes soonest with. The CTAs of s splits run in
+// ceil(ctas·s / slots) waves of `slots` = SMs × resident CTAs per SM, and a CTA of each wave
+// streams ceil(tiles / s) key tiles plus about one tile's worth of fixed cost (Q, the ring's
+// first loads, its partials): time(s) = waves(s) · (ceil(tiles / s) + 1). s is the smallest
+// count within 5% of the best time (fewer splits: fewer partials for the combine). Where the
+// CTAs already fill 80% of a wave, one split. Called twice per call (workspace_kv, run_kv),
+// each time with three CUDA queries.
 int kv_splits(const KvCacheParams& p) {
   // The attribute and occupancy queries act on the current device: make it p's, so that
   // workspace_kv (called without a guard) and run_kv agree.
@@ -178,14 +180,14 @@ int kv_splits(const KvCacheParams& p) {
   const int64_t slots = int64_t(std::max(sms, 1)) * std::max(resident, 1);
   const int64_t ctas = int64_t(p.batch) * p.heads_kv * kv_row_blocks(p, in.block_m());
   if (ctas * 5 >= slots * 4) return 1;  // 80% of a wave already
-  auto fill = [&](int s) {
-    const int64_t work = ctas * s, waves = (work + slots - 1) / slots;
-    return double(work) / double(waves * slots);
+  auto time = [&](int s) {
+    const int64_t waves = (ctas * s + slots - 1) / slots;
+    return waves * ((n_tiles + s - 1) / s + 1);
   };
-  double best = 0.;
-  for (int s = 1; s <= most; ++s) best = std::max(best, fill(s));
+  int64_t best = time(1);
+  for (int s = 2; s <= most; ++s) best = std::min(best, time(s));
   for (int s = 1; s <= most; ++s)
-    if (fill(s) >= 0.85 * best) return s;
+    if (time(s) * 20 <= best * 21) return s;
   return 1;
 }
 
@@ -199,12 +201,12 @@ size_t kv_partials_bytes(const KvCacheParams& p, int splits) {
 }
 size_t kv_q_rot_offset(const KvCacheParams& p, int splits) { return (kv_partials_bytes(p, splits) + 255) / 256 * 256; }
 
-size_t workspace_kv(const KvCacheParams& p) {
-  const int splits = kv_splits(p);
+size_t kv_workspace_bytes(const KvCacheParams& p, int splits) {
   if (p.rotary_cos == nullptr) return kv_partials_bytes(p, splits);
   return kv_q_rot_offset(p, splits) + size_t(p.batch) * size_t(p.seqlen_q) * size_t(p.heads_q) *
                                            size_t(p.head_dim) * dtype_size(p.dtype);
 }
+size_t workspace_kv(const KvCacheParams& p) { return kv_workspace_bytes(p, kv_splits(p)); }
 
 Status run_kv(const KvCacheParams& p) {
   if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
@@ -212,6 +214,13 @@ Status run_kv(const KvCacheParams& p) {
             "cute_fa2's KV-cache forward needs a 16-byte aligned workspace (fp32 partials)"};
   cuda::DeviceGuard guard(p.device_index);
   const int splits = kv_splits(p);
+  // The API sized the workspace with workspace_kv's own kv_splits; the two agree unless a
+  // CUDA query failed in one of them (then kv_splits falls back to one split).
+  if (kv_workspace_bytes(p, splits) > p.workspace_bytes)
+    return {StatusCode::kInvalidArgument,
+            "workspace_bytes (" + std::to_string(p.workspace_bytes) + ") is smaller than the " +
+                std::to_string(splits) + " splits of this call need (" +
+                std::to_string(kv_workspace_bytes(p, splits)) + ")"};
   KvCacheParams r = p;
   if (p.rotary_cos != nullptr) r.q_rot = static_cast<char*>(p.workspace) + kv_q_rot_offset(p, splits);
   return entries_for<KvEntries>(r).run(r, splits);

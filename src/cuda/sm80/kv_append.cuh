@@ -89,6 +89,8 @@ inline int kv_append_rows(const KvCacheParams& p) {
 // group → q_rot, rotated at c_b + t (rotary_per_query) or c_b.
 template <class Element>
 __global__ void __launch_bounds__(128) kv_append_kernel(const __grid_constant__ KvCacheParams p) {
+  cuda::wait_for_prior_grid();  // launched early (launch_after): the caller's writes first
+  cuda::allow_dependents();     // the split-KV kernel may start; it waits for this one
   const int t = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const CacheSeq s = cache_seq(p, b);
   const bool rotary = p.rotary_cos != nullptr;

@@ -18,7 +18,8 @@
 // Loads: a ring of (K, V) tiles in shared memory (KvConfig::kStages), filled by cp.async
 // with one address per cache row; the tiles after the one in the MMAs are in flight while
 // they run. A paged cache costs one block_table read per tile where pages hold whole tiles,
-// else one per row. Every table value is clamped before use (KvCacheParams, common/params.h).
+// else one per row of the thread's, all issued before its first copy and shared by K and V.
+// Every table value is clamped before use (KvCacheParams, common/params.h).
 //
 // The MMA side is the forward's (fwd_kernel.cuh): S = Q Kᵀ from shared memory (gemm_ss), the
 // online softmax in exp2 units, P in registers as O += P V's A operand (gemm_pv).
@@ -71,13 +72,14 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
 
 // The rows of a tile, global → shared: dst (CPY, CPY_ROWS, CPY_COLS) is this thread's
 // partition of the smem tile and coord the same partition of the tile's identity tensor;
-// row_ptr(row) gives a row's first element in global memory, or nullptr for a row past the
-// data, which is zero-filled (zeros, not garbage, so that P·V never meets 0·NaN).
+// row_ptr(row, m) gives the first element in global memory of the tile's row `row`, the
+// thread's m-th, or nullptr for a row past the data, which is zero-filled (zeros, not
+// garbage, so that P·V never meets 0·NaN).
 template <class Dst, class Coord, class RowPtr>
 __device__ __forceinline__ void load_rows(Dst&& dst, Coord const& coord, RowPtr const& row_ptr) {
   CUTE_UNROLL
   for (int m = 0; m < size<1>(dst); ++m) {
-    const auto* src = row_ptr(get<0>(coord(0, m, 0)));
+    const auto* src = row_ptr(get<0>(coord(0, m, 0)), m);
     CUTE_UNROLL
     for (int d = 0; d < size<2>(dst); ++d) {
       void* chunk = &dst(0, m, d);
@@ -184,6 +186,10 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kHeadDim = Tr::kHeadDim;
   constexpr int kWarps = Tr::kNWarps;
   static_assert(!kKeysPerWarp || kBlockN == 16 * kWarps, "16 keys per warp and tile");
+  // Launched early (launch_after): nothing is read before the prior kernel (the append, or
+  // whatever wrote q and the cache) has ended; the combine may then be launched.
+  cuda::wait_for_prior_grid();
+  cuda::allow_dependents();
 
   const int b = blockIdx.x / p.heads_kv, hk = blockIdx.x % p.heads_kv, split = blockIdx.y;
   const int g = p.group, len_q = p.seqlen_q;
@@ -223,7 +229,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride;
   const Element* k_cache = static_cast<const Element*>(p.k) + hk * p.k_head_stride;
   const Element* v_cache = static_cast<const Element*>(p.v) + hk * p.v_head_stride;
-  auto q_row = [&](int row) -> const Element* {
+  auto q_row = [&](int row, int) -> const Element* {
     if (row >= rows) return nullptr;
     const int pr = r0 + row;
     return q + (pr / g) * p.q_row_stride + (hk * g + pr % g) * p.q_head_stride;
@@ -234,17 +240,28 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // the mask hides them anyway, and a NaN or Inf there would reach every row through the
   // MMA's 0 · NaN (docs/DESIGN.md, non-finite values).
   const bool tile_in_page = p.block_table == nullptr || p.page_size % kBlockN == 0;
+  constexpr int kRowsPerThread = decltype(size<1>(tKVcKV))::value;
   auto load_kv = [&](int n, int st) {
     const int j0 = n * kBlockN;  // key j is cache row seq.start + j (paged: start 0)
     const int first = seq.start + j0;  // the tile's first cache row
     const int64_t k_base = tile_in_page ? cache_offset(p, seq, b, first, p.k_batch_stride, p.k_row_stride) : 0;
     const int64_t v_base = tile_in_page ? cache_offset(p, seq, b, first, p.v_batch_stride, p.v_row_stride) : 0;
+    // Pages smaller than a tile: the pages of this thread's rows, all looked up before the
+    // first copy is issued (one table latency per tile, not one per row), for K and V alike.
+    int page[kRowsPerThread] = {};
+    if (!tile_in_page) {
+      CUTE_UNROLL
+      for (int m = 0; m < kRowsPerThread; ++m) {
+        const int row = get<0>(tKVcKV(0, m, 0)), key = j0 + row;
+        if (key >= kb && key < ke) page[m] = int(page_of(p, b, first + row));
+      }
+    }
     auto row_of = [&](const Element* cache, int64_t base, int64_t batch_stride, int64_t row_stride) {
-      return [=, &p, &seq](int row) -> const Element* {
+      return [=, &p, &page](int row, int m) -> const Element* {
         const int key = j0 + row;
         if (key < kb || key >= ke) return nullptr;
         return cache + (tile_in_page ? base + row * row_stride
-                                     : cache_offset(p, seq, b, first + row, batch_stride, row_stride));
+                                     : page[m] * batch_stride + int64_t((first + row) % p.page_size) * row_stride);
       };
     };
     load_rows(gmem_thr.partition_D(sK(st)), tKVcKV,
@@ -346,6 +363,12 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
   float lse[kRows];
   softmax.finish(o, scale_log2, 1.f, lse);
+  // A NaN or +Inf among the row's visible scores (in q or a visible key) leaves ℓ NaN: finish
+  // writes O = NaN (every column) and LSE = −inf, which the merges below would weigh 0 like
+  // a part that saw no key. Its LSE becomes NaN, so that the merges pass the NaN on.
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r)
+    if (lse[r] == -INFINITY && o(r, 0) != o(r, 0)) lse[r] = NAN;
   Tensor tOcO = thr_mma.partition_C(make_identity_tensor(Shape<RowsM, HeadDim>{}));
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (rows, cols)
   if constexpr (!kKeysPerWarp) {
@@ -375,12 +398,16 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     for (int e = 2 * tid; e < rows * kHeadDim; e += 2 * Tr::kNThreads) {
       const int row = e / kHeadDim, col = e % kHeadDim;
       float l[kWarps], m = -INFINITY;
+      bool nan = false;  // a warp's part saw a NaN: so does the row
       CUTE_UNROLL
-      for (int w = 0; w < kWarps; ++w) m = fmaxf(m, l[w] = part_lse[w * 16 + row]);
+      for (int w = 0; w < kWarps; ++w) {
+        m = fmaxf(m, l[w] = part_lse[w * 16 + row]);
+        nan |= l[w] != l[w];
+      }
       float sum = 0.f;
       CUTE_UNROLL
       for (int w = 0; w < kWarps; ++w) sum += part_exp(l[w], m);
-      const float all = merged_lse(m, sum);
+      const float all = nan ? NAN : merged_lse(m, sum);
       float v0 = 0.f, v1 = 0.f;
       CUTE_UNROLL
       for (int w = 0; w < kWarps; ++w) {
@@ -389,6 +416,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
         v0 += weight * part_o[(w * 16 + row) * kHeadDim + col];
         v1 += weight * part_o[(w * 16 + row) * kHeadDim + col + 1];
       }
+      if (nan) v0 = v1 = NAN;
       out.o2(r0 + row, col, v0, v1);
       if (col == 0) out.lse(r0 + row, all);
     }
@@ -400,7 +428,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
 // l, l + 32, ...) and puts each split's weight e^(LSE_s − LSE) in shared memory; then the four
 // warps take every fourth split, their loads of O_s independent of one another (no load waits
 // on an LSE), and sum their shares through shared memory. A split that saw no key has
-// LSE_s = −inf and weight 0: its O is not read. Columns go c = e·32 + lane, so that each load
+// LSE_s = −inf and weight 0: its O is not read. A split that met a NaN has LSE_s = NaN (the
+// split-KV kernel's epilogue), and the row is NaN. Columns go c = e·32 + lane, so that each load
 // of a warp reads 128 contiguous bytes. grid rows_all, 128 threads.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(128) kv_combine_kernel(const __grid_constant__ KvCacheParams p,
@@ -412,20 +441,24 @@ __global__ void __launch_bounds__(128) kv_combine_kernel(const __grid_constant__
   __shared__ float row_lse;
   const int64_t rows_all = kv_rows_all(p), row = blockIdx.x;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  cuda::wait_for_prior_grid();  // the split-KV kernel's partials (launched early)
+  cuda::allow_dependents();
   if (warp == 0) {
     const float* lse_s = kv_lse_partial(p, splits) + row;
     float l[kLsePerLane], m = -INFINITY, sum = 0.f;
+    bool nan = false;  // a split's part saw a NaN (its LSE is NaN): so does the row
     CUTE_UNROLL
     for (int j = 0; j < kLsePerLane; ++j) {
       const int s = j * 32 + lane;
       l[j] = s < splits ? lse_s[s * rows_all] : -INFINITY;
       m = fmaxf(m, l[j]);
+      nan |= l[j] != l[j];
     }
     for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
     CUTE_UNROLL
     for (int j = 0; j < kLsePerLane; ++j) sum += part_exp(l[j], m);
     for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-    const float lse = merged_lse(m, sum);
+    const float lse = __any_sync(0xffffffffu, nan) ? NAN : merged_lse(m, sum);
     CUTE_UNROLL
     for (int j = 0; j < kLsePerLane; ++j)
       if (j * 32 + lane < splits) weight[j * 32 + lane] = l[j] == -INFINITY ? 0.f : part_exp(l[j], lse);
@@ -450,8 +483,9 @@ __global__ void __launch_bounds__(128) kv_combine_kernel(const __grid_constant__
             b = int(row / p.seqlen_q / p.heads_q);
   Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + i * p.o_row_stride +
                  h * p.o_head_stride;
+  const bool nan = row_lse != row_lse;
   for (int c = threadIdx.x; c < kHeadDim; c += kWarps * 32)
-    out[c] = Element(share[0][c] + share[1][c] + share[2][c] + share[3][c]);
+    out[c] = Element(nan ? NAN : share[0][c] + share[1][c] + share[2][c] + share[3][c]);
   if (threadIdx.x == 0 && p.lse != nullptr)
     p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row_lse;
 }
@@ -476,9 +510,17 @@ Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
   using Tr = typename Config::Traits;
   using Element = typename Tr::Element;
   const auto stream = static_cast<cudaStream_t>(p.stream);
+  // Where the device runs sm_90 code for these kernels (one translation unit, one set of
+  // archs), every kernel of the call is launched early (launch_after): each is resident and
+  // waiting when the kernel before it ends.
+  const void* combine = reinterpret_cast<const void*>(kv_combine_kernel<Element, kHeadDim>);
+  const bool early = cuda::has_dependent_launch(combine);
   if (p.k_new != nullptr && kv_append_rows(p) > 0) {
-    kv_append_kernel<Element><<<dim3(kv_append_rows(p), p.heads_kv, p.batch), 128, 0, stream>>>(p);
-    FL_CUDA_CHECK_LAUNCH();
+    KvCacheParams ap = p;
+    void* append_args[] = {&ap};
+    FL_CUDA_CHECK(cuda::launch_after(reinterpret_cast<const void*>(kv_append_kernel<Element>),
+                                     dim3(kv_append_rows(p), p.heads_kv, p.batch), dim3(128), 0,
+                                     stream, append_args, early));
   }
   // The API runs a call with no query rows only for its append (src/api/dispatch.cpp's
   // nothing_to_write): then the append is the whole call.
@@ -497,12 +539,12 @@ Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
     FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Config::kSmemBytes));
   void* args[] = {&a, &splits};
-  FL_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(p.batch * p.heads_kv, splits, row_blocks),
-                                 dim3(Tr::kNThreads), args, size_t(Config::kSmemBytes), stream));
-  if (splits > 1) {
-    kv_combine_kernel<Element, kHeadDim><<<unsigned(kv_rows_all(p)), 128, 0, stream>>>(a, splits);
-    FL_CUDA_CHECK_LAUNCH();
-  }
+  FL_CUDA_CHECK(cuda::launch_after(kernel, dim3(p.batch * p.heads_kv, splits, row_blocks),
+                                   dim3(Tr::kNThreads), size_t(Config::kSmemBytes), stream, args,
+                                   early));
+  if (splits > 1)
+    FL_CUDA_CHECK(cuda::launch_after(combine, dim3(unsigned(kv_rows_all(p))), dim3(128), 0,
+                                     stream, args, early));
   return {};
 }
 template <DType kDtype, int kHeadDim>

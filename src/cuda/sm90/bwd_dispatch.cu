@@ -37,10 +37,30 @@ BwdEntries entries_for(const BwdParams& p) {
     if constexpr (cuda::head_dim_built(d)) return fp16 ? entries<DType::kF16, d>() : entries<DType::kBF16, d>();
     return {};
   };
-  return p.head_dim == 64 ? at(std::integral_constant<int, 64>{}) : at(std::integral_constant<int, 128>{});
+  switch (p.head_dim) {
+    case 64: return at(std::integral_constant<int, 64>{});
+    case 96: return at(std::integral_constant<int, 96>{});
+    case 192: return at(std::integral_constant<int, 192>{});
+    case 256: return at(std::integral_constant<int, 256>{});
+    default: return at(std::integral_constant<int, 128>{});
+  }
 }
 
-constexpr int kHeadDims[] = {64, 128};
+constexpr int kHeadDims[] = {64, 96, 128, 192, 256};
+
+// Head dims 192 and 256's step (bwd_wide.cuh) adds dQ by unordered atomics and takes dense
+// problems without softcap, masked by causal or nothing: the rest runs on cute_fa2.
+std::string refuse_wide(const BwdParams& p) {
+  if (p.head_dim != 192 && p.head_dim != 256) return "";
+  const char* why = p.deterministic ? "deterministic must be false"
+                    : p.varlen      ? "cu_seqlens (varlen) must be absent"
+                    : p.mask.softcap > 0.f ? "softcap must be 0"
+                    : p.mask.window_left >= 0 || p.mask.window_right > 0 ? "window_left/window_right must be causal or none"
+                                                                          : nullptr;
+  return why == nullptr ? ""
+                        : std::string(why) + " at head_dim " + std::to_string(p.head_dim) +
+                              " (the Hopper backward's wide step; cute_fa2 runs it)";
+}
 
 }  // namespace
 
@@ -48,7 +68,8 @@ std::string supports_bwd(const BwdParams& p) {
   FL_REFUSE_IF(cuda::refuse_placement(p, cuda::Inputs::kHalf, "the wgmma path"));
   FL_REFUSE_IF(cuda::refuse_unequal_head_dims(p));
   FL_REFUSE_IF(cuda::refuse_head_dim(p.head_dim, kHeadDims,
-                                     "64 or 128 (the Hopper backward's instances; other head dims run on cute_fa2)"));
+                                     "64, 96, 128, 192 or 256 (the Hopper backward's instances; other head dims run on cute_fa2)"));
+  FL_REFUSE_IF(refuse_wide(p));
   FL_REFUSE_IF(cuda::refuse_grid_heads_batch(p));
   // Q, dO, K and V as the launch maps them (bwd_kernel.cuh; varlen: every sequence packed in
   // rows, one "batch"). With no key the kernel is not launched; with no query row Q and dO

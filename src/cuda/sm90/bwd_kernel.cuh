@@ -1,24 +1,28 @@
 // The Hopper backward kernel (`cute_fa3`'s backward, sm_90a) and its launch: preprocess,
 // main kernel, postprocess (bwd_rows.cuh), on the caller's stream.
 //
-// One CTA per (key block of 128 keys, KV head, batch entry; varlen: of the longest sequence): warpgroup 0's first thread
+// One CTA per (key block of 128 keys, KV head, batch entry; varlen: of the longest
+// sequence), at head dims up to 128: warpgroup 0's first thread
 // loads K and V once (one mbarrier) and then, per step, Q and dO with their rows' LSE and D
 // through two TMA rings; warpgroups 1 and 2 each own 64 of the keys and, per step, run the
 // five MMAs of bwd_traits.h, keeping dK and dV in registers until the end. A step is one
 // query block of one query head of the KV head's group (GQA: the group's heads one after
 // another), and only the blocks whose rows see the CTA's keys (causal, windows). Each
 // step's dQ goes through shared memory to warpgroup 0's second warp, which adds it to the
-// fp32 accumulator with one bulk reduce-add; the postprocess scales and rounds it.
+// fp32 accumulator with one bulk reduce-add per consumer warpgroup's half, each issued as
+// soon as that half is stored; the postprocess scales and rounds it. P and dS from the
+// scores, and the dK/dV epilogue: bwd_scores.cuh.
 //
 // Deterministic mode: the dQ warp adds each query block's partial sums in a fixed order of
 // key blocks (ascending, or descending under a right bound), through a turn counter per
 // (batch, head, query block) (bwd_steps.cuh).
 //
-// What this version leaves out: head dims other than 64 and 128 (refused in bwd_dispatch.cu)
-// and dropout (the registry entry takes none, so the API's dispatch refuses it).
+// Head dim 256 (BwdTraitsWide) runs another consumer step, bwd_consume_wide (bwd_wide.cuh):
+// S and dP unswapped, P and dS through shared memory, dQ added from registers by vector
+// reductions, so no dQ warp. What this version leaves out: head dims other than 64, 96, 128
+// and 256 (refused in bwd_dispatch.cu) and dropout (the registry entry takes none, so the
+// API's dispatch refuses it).
 #pragma once
-
-#include <climits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -30,8 +34,10 @@
 #include "cuda/common.cuh"
 #include "cuda/sm90/bwd_instance.h"
 #include "cuda/sm90/bwd_rows.cuh"
+#include "cuda/sm90/bwd_scores.cuh"
 #include "cuda/sm90/bwd_steps.cuh"
 #include "cuda/sm90/bwd_traits.h"
+#include "cuda/sm90/bwd_wide.cuh"
 #include "cuda/sm90/fwd_mainloop.cuh"  // warpgroup_gemm_issue, acc_as_a_operand, round_to
 
 namespace flashlab::sm90 {
@@ -43,8 +49,8 @@ struct BwdKernelParams {
   BwdParams p;
   typename Tr::TmaQ tma_q;
   typename Tr::TmaQ tma_do;
-  typename Tr::TmaKV tma_k;
-  typename Tr::TmaKV tma_v;
+  typename Tr::TmaK tma_k;
+  typename Tr::TmaV tma_v;
   BwdRows ws;
   int q_rows, kv_rows, batch;  // the tensor maps' extents: varlen (total_q, total_k, 1)
 };
@@ -61,7 +67,7 @@ __device__ __forceinline__ void bulk_reduce_add(float* gmem, const float* smem, 
 template <class Tr>
 __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
                                          typename Tr::PipelineQ& pipeline_q,
-                                         typename Tr::PipelineQ& pipeline_do, const BwdSteps& steps,
+                                         typename Tr::PipelineDo& pipeline_do, const BwdSteps& steps,
                                          const cuda::SeqInfo& seq) {
   using BlkM = typename Tr::BlkM;
   using BlkN = typename Tr::BlkN;
@@ -94,7 +100,7 @@ __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename
   copy(kp.tma_k.with(ss.barrier_kv), tKgK, tKsK);
   copy(kp.tma_v.with(ss.barrier_kv), tVgV, tVsV);
   auto state_q = cutlass::make_producer_start_state<typename Tr::PipelineQ>();
-  auto state_do = state_q;
+  auto state_do = cutlass::make_producer_start_state<typename Tr::PipelineDo>();
   // One ring stage: a (BLK_M, D) tile by TMA and its rows' LSE (or D) by a bulk copy, both
   // on the stage's barrier.
   auto load = [&](auto& pipeline, auto& state, const auto& tma, const auto& src, const auto& dst,
@@ -126,32 +132,45 @@ template <class Tr>
 __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
                                              const BwdSteps& steps, const cuda::SeqInfo& seq) {
   using cutlass::arch::NamedBarrier;
-  constexpr int kBlock = Tr::kBlockM * Tr::kHeadDim;
+  constexpr int kHalf = Tr::kDqHalf;  // floats of one consumer warpgroup's dQ
   const int n_block = bwd_n_block(kp.p), h_kv = blockIdx.y, b = blockIdx.z;
   const bool leader = threadIdx.x % 32 == 0;
   const bool ordered = kp.ws.dq_turn != nullptr;
-  NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
+  for (int wg = 0; wg < 2; ++wg) NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::dq_empty_barrier(wg));
   for (int s = 0; s < steps.total; ++s) {
     // The step's turn (deterministic), found while the consumers still compute its dQ.
     const int mine = ordered && leader ? bwd_turn(kp.p, seq, n_block, steps.m_block(s), Tr::kBlockM,
                                                   Tr::kBlockN)
                                        : 0;
     int* turn = nullptr;
-    NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::kDqFullBarrier);
+    float* dst = nullptr;
     if (leader) {
       const int h = steps.head(s, h_kv, kp.p.group), m = steps.m_block(s);
-      float* dst = kp.ws.dq_accum + (kp.ws.row(kp.p, seq, b, h) + int64_t(m) * Tr::kBlockM) * Tr::kHeadDim;
+      dst = kp.ws.dq_accum + (kp.ws.row(kp.p, seq, b, h) + int64_t(m) * Tr::kBlockM) * Tr::kHeadDim;
       turn = ordered ? kp.ws.turn(kp.p, seq, b, h, m) : nullptr;
       if (ordered) {  // wait for the earlier key blocks' adds to be done and visible
         while (cuda::load_acquire(turn) != mine) __nanosleep(64);
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
       }
-      bulk_reduce_add(dst, ss.dq.data(), kBlock * int(sizeof(float)));
-      tma_store_arrive();
-      tma_store_wait<0>();  // the stage has been read
     }
+    // Each warpgroup's half as soon as it is there: one bulk reduce-add (one group) each.
+    // The warp converges before each barrier (the leader may have spun on its turn).
     __syncwarp();
-    if (s + 1 < steps.total) NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
+    for (int wg = 0; wg < 2; ++wg) {
+      NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::dq_full_barrier(wg));
+      if (leader) {
+        bulk_reduce_add(dst + wg * kHalf, ss.dq.data() + wg * kHalf, kHalf * int(sizeof(float)));
+        tma_store_arrive();
+      }
+      __syncwarp();
+    }
+    // Each half free again once read: the first group, then both.
+    if (leader) tma_store_wait<1>();
+    __syncwarp();
+    if (s + 1 < steps.total) NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::dq_empty_barrier(0));
+    if (leader) tma_store_wait<0>();
+    __syncwarp();
+    if (s + 1 < steps.total) NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::dq_empty_barrier(1));
     if (ordered && leader) {  // this block's add is written before the next one may start
       asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
       asm volatile("fence.proxy.async.global;\n" ::: "memory");
@@ -159,113 +178,6 @@ __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, type
     }
   }
   if (leader) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // and written
-}
-
-// The step's elementwise work, in two halves so that each overlaps an MMA: P (in acc_s)
-// from Sᵀ while dPᵀ runs, then dS = P ∘ (dP − D) (in acc_dp) while dV += Pᵀ dO runs. The
-// softmax scale is applied to dK and dQ at the end. Masked pairs and keys past the sequence
-// get P = dS = 0 by selection, so that no NaN or Inf of a masked key's score reaches dK, dV
-// or dQ's sums; rows past the sequence have LSE = +inf, so their P is 0. Row i sees key j
-// when j < len_k and lo <= j − i <= hi (docs/DESIGN.md's mask with the bounds as
-// differences), a test of a few instructions per value, made only on the tiles the mask
-// cuts. With softcap, t = cap·tanh(s/cap), P = exp(t − LSE) and dS = P ∘ (dP − D) ∘
-// (1 − (t/cap)²) need t in both halves, so both are done at once after dPᵀ.
-template <class Tr>
-struct BwdScores {
-  static constexpr int kM = Tr::kBlockM, kN = Tr::kBlockN;
-  const BwdParams& p;
-  const float* lse_log2;
-  const float* dsum;
-  int i0, j0, len_k, lo, hi;
-  bool full;
-
-  __device__ BwdScores(const BwdParams& p_, const cuda::SeqInfo& seq, const float* lse, const float* ds,
-                       int i0_, int j0_)
-      : p(p_), lse_log2(lse), dsum(ds), i0(i0_), j0(j0_), len_k(seq.len_k) {
-    const int len_q = seq.len_q, off = len_k - len_q;
-    full = j0 + kN <= len_k &&
-           (!p.mask.is_local() ||
-            p.mask.tile_is_full(i0, i0 + kM < len_q ? i0 + kM : len_q, j0, j0 + kN, len_q, len_k));
-    lo = p.mask.window_left >= 0 ? off - p.mask.window_left : INT_MIN;
-    hi = p.mask.window_right >= 0 ? off + p.mask.window_right : INT_MAX;
-  }
-  template <bool kMasked, class Coord>
-  __device__ bool seen(const Coord& tScS, int e) const {
-    if constexpr (!kMasked) {
-      return true;
-    } else {
-      const int j = j0 + get<0>(tScS(e)), d = j - (i0 + get<1>(tScS(e)));
-      return (j < len_k) & (d >= lo) & (d <= hi);
-    }
-  }
-  // Calls f with the tile's kind: whether the mask test is needed.
-  template <class F>
-  __device__ void dispatch(F&& f) const {
-    if (full)
-      f(cute::false_type{});
-    else
-      f(cute::true_type{});
-  }
-
-  template <class Acc, class Coord>
-  __device__ void probs(Acc& acc_s, const Coord& tScS) const {
-    dispatch([&](auto masked) {
-      constexpr bool kMasked = decltype(masked)::value;
-      const float scale_log2 = p.scale_log2;
-      CUTE_UNROLL
-      for (int e = 0; e < size(acc_s); ++e) {
-        const float pe = cuda::exp2_approx(acc_s(e) * scale_log2 - lse_log2[get<1>(tScS(e))]);
-        acc_s(e) = seen<kMasked>(tScS, e) ? pe : 0.f;
-      }
-    });
-  }
-  template <class Acc, class Coord>
-  __device__ void dscores(const Acc& acc_s, Acc& acc_dp, const Coord& tScS) const {
-    dispatch([&](auto masked) {
-      constexpr bool kMasked = decltype(masked)::value;
-      CUTE_UNROLL
-      for (int e = 0; e < size(acc_dp); ++e) {
-        const float ds = acc_s(e) * (acc_dp(e) - dsum[get<1>(tScS(e))]);
-        acc_dp(e) = seen<kMasked>(tScS, e) ? ds : 0.f;
-      }
-    });
-  }
-  template <class Acc, class Coord>
-  __device__ void softcapped(Acc& acc_s, Acc& acc_dp, const Coord& tScS) const {
-    dispatch([&](auto masked) {
-      constexpr bool kMasked = decltype(masked)::value;
-      const float cap = p.mask.softcap, pre = p.scale / cap, inv_cap = 1.f / cap;
-      CUTE_UNROLL
-      for (int e = 0; e < size(acc_s); ++e) {
-        const int q = get<1>(tScS(e));
-        const float t = cap * tanhf(acc_s(e) * pre), u = t * inv_cap;
-        const float pe = cuda::exp2_approx(t * kLog2e - lse_log2[q]);
-        const bool ok = seen<kMasked>(tScS, e);
-        acc_s(e) = ok ? pe : 0.f;
-        acc_dp(e) = ok ? pe * (acc_dp(e) - dsum[q]) * (1.f - u * u) : 0.f;
-      }
-    });
-  }
-};
-
-// Varlen packs every sequence into one tensor map, so a tile that runs past its sequence's end
-// holds the next sequence's rows (or whatever follows the last one) where a padded batch's
-// map gives zeros. Their P and dS are 0 by selection, but the MMAs still multiply those zeros
-// by the rows (0 · NaN = NaN), so the consumers zero the rows from `valid` on in each shared
-// tile first, then make the writes visible to the wgmma (async proxy) reads of both
-// warpgroups.
-template <class Tr, class... SmemTiles>
-__device__ __forceinline__ void bwd_zero_rows(int valid, int ctid, SmemTiles... tiles) {
-  auto zero = [&](auto tile) {  // (rows, D)
-    constexpr int kRows = decltype(size<0>(tile))::value, kCols = decltype(size<1>(tile))::value;
-    for (int e = ctid; e < kRows * kCols; e += Tr::kNConsumerThreads) {
-      const int r = e / kCols, c = e % kCols;
-      if (r >= valid) tile(r, c) = typename Tr::Element(0.f);
-    }
-  };
-  (zero(tiles), ...);
-  cutlass::arch::fence_view_async_shared();
-  cutlass::arch::NamedBarrier::sync(Tr::kNConsumerThreads, Tr::kZeroedBarrier);
 }
 
 // ---- consumers: warpgroups 1 and 2 ----------------------------------------------------------
@@ -281,7 +193,7 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   using HeadDim = typename Tr::HeadDim;
   constexpr int kM = Tr::kBlockM, kN = Tr::kBlockN;
   const BwdParams& p = kp.p;
-  const int n_block = bwd_n_block(kp.p), h_kv = blockIdx.y, b = blockIdx.z;
+  const int n_block = bwd_n_block(kp.p);
   const int len_k = seq.len_k;
 
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});       // (BLK_M, D, STAGES)
@@ -339,15 +251,7 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     warpgroup_gemm_issue<true>(mma_sdp, tSrV, tSrDo(_, _, _, st), acc_dp);
     const BwdScores<Tr> scores(p, seq, ss.lse_log2.data() + st * kM, ss.dsum.data() + st * kM,
                                steps.m_block(s) * kM, n_block * kN);
-    if constexpr (kSoftcap) {
-      warpgroup_wait_for<0>(acc_s, acc_dp);
-      scores.softcapped(acc_s, acc_dp, tScS);
-    } else {
-      warpgroup_wait_for<1>(acc_s);  // Sᵀ is done, dPᵀ runs on
-      scores.probs(acc_s, tScS);
-      warpgroup_wait_for<0>(acc_dp);
-      scores.dscores(acc_s, acc_dp, tScS);
-    }
+    scores.template form<kSoftcap>(acc_s, acc_dp, tScS);
     Tensor rP = round_to<Element>(acc_s);    // (MMA, MMA_N, MMA_M)
     Tensor rDs = round_to<Element>(acc_dp);  // (MMA, MMA_N, MMA_M)
 
@@ -374,32 +278,23 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     warpgroup_wait_for<1>(acc_dq);  // dV (the last reader of dO) and dQ are done
     pipeline_do.consumer_release(state_do);
     ++state_do;
-    // dQ into the shared stage (free once the dQ warp's last bulk reduce has read it).
-    NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::kDqEmptyBarrier);
-    static_assert(decltype(size(acc_dq))::value % 4 == 0);
+    // dQ into this warpgroup's half of the shared stage (free once the dQ warp's last bulk
+    // reduce of it has read it).
+    const int wg = ctid / 128;
+    NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::dq_empty_barrier(wg));
+    static_assert(decltype(size(acc_dq))::value % 4 == 0 && decltype(size(acc_dq))::value * 128 == Tr::kDqHalf);
     CUTE_UNROLL
     for (int e = 0; e < size(acc_dq); e += 4)
       *reinterpret_cast<float4*>(ss.dq.data() + Tr::dq_slot(ctid, e)) =
           make_float4(acc_dq(e), acc_dq(e + 1), acc_dq(e + 2), acc_dq(e + 3));
     cutlass::arch::fence_view_async_shared();
-    NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::kDqFullBarrier);
+    NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::dq_full_barrier(wg));
     warpgroup_wait_for<0>(acc_dk);  // dK (the last reader of Q) is done
     pipeline_q.consumer_release(state_q);
     ++state_q;
   }
 
-  // ---- epilogue: dK = scale · Σ dSᵀ Q, dV; rows past the sequence are not written ----
-  Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + seq.start_k * p.dk_row_stride +
-                h_kv * p.dk_head_stride;
-  Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + seq.start_k * p.dv_row_stride +
-                h_kv * p.dv_head_stride;
-  CUTE_UNROLL
-  for (int e = 0; e < size(acc_dk); ++e) {
-    const int key = n_block * kN + get<0>(tDkvcDkv(e)), d = get<1>(tDkvcDkv(e));
-    if (key >= len_k) continue;
-    dk[int64_t(key) * p.dk_row_stride + d] = Element(acc_dk(e) * p.scale);
-    dv[int64_t(key) * p.dv_row_stride + d] = Element(acc_dv(e));
-  }
+  bwd_store_dkv<Tr>(p, seq, n_block, acc_dk, acc_dv, tDkvcDkv);  // dK = scale · Σ dSᵀ Q, dV
 }
 
 // ---- the kernel --------------------------------------------------------------------------
@@ -419,33 +314,45 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
 
   if (threadIdx.x == 0) cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
   // A stage holds a tile and its rows' LSE (or D).
-  const auto pipe =
-      tma_pipeline_params<PipelineQ>(producer, Tr::kTmaBytesQ + Tr::kRowBytes, Tr::kNConsumerThreads);
-  PipelineQ pipeline_q(ss.pipeline_q, pipe, Shape<_1, _1, _1>{});
-  PipelineQ pipeline_do(ss.pipeline_do, pipe, Shape<_1, _1, _1>{});
+  constexpr uint32_t kStageBytes = Tr::kTmaBytesQ + Tr::kRowBytes;
+  PipelineQ pipeline_q(ss.pipeline_q, tma_pipeline_params<PipelineQ>(producer, kStageBytes, Tr::kNConsumerThreads),
+                       Shape<_1, _1, _1>{});
+  typename Tr::PipelineDo pipeline_do(
+      ss.pipeline_do, tma_pipeline_params<typename Tr::PipelineDo>(producer, kStageBytes, Tr::kNConsumerThreads),
+      Shape<_1, _1, _1>{});
   __syncthreads();
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Tr::kProducerRegs>();
     const int warp = cutlass::canonical_warp_idx_sync();
     if (warp == 0 && threadIdx.x == 0 && steps.total > 0) bwd_load<Tr>(kp, ss, pipeline_q, pipeline_do, steps, seq);
-    if (warp == 1 && steps.total > 0) bwd_store_dq<Tr>(kp, ss, steps, seq);
+    if constexpr (!Tr::kDqAtomic)
+      if (warp == 1 && steps.total > 0) bwd_store_dq<Tr>(kp, ss, steps, seq);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Tr::kConsumerRegs>();
-    bwd_consume<Tr, kSoftcap>(kp, ss, pipeline_q, pipeline_do, steps, seq, int(threadIdx.x) - 128);
+    if constexpr (Tr::kWide)
+      bwd_consume_wide<Tr, kSoftcap>(kp, ss, pipeline_q, pipeline_do, steps, seq, int(threadIdx.x) - 128);
+    else
+      bwd_consume<Tr, kSoftcap>(kp, ss, pipeline_q, pipeline_do, steps, seq, int(threadIdx.x) - 128);
   }
 }
 
 // grid (ceil(seqlen_q / kBlockM), heads_q, batch), kNConsumerThreads threads: block m of
 // the accumulator, read through the consumers' dq_slot map (16-byte loads), transposed to rows
 // in shared memory, scaled and rounded into dQ, 8 values per 16-byte store where dQ's rows
-// allow it.
+// allow it. Past head dim 128 the staged tile would pass the 48 KiB of static shared memory,
+// so it is staged in column parts: the fragment's repeats along the head dim, one part's
+// (kParts of them) at a time.
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kNConsumerThreads)
     bwd_postprocess_kernel(const __grid_constant__ BwdParams p, BwdRows ws) {
   using Element = typename Tr::Element;
   constexpr int kM = Tr::kBlockM, kD = Tr::kHeadDim, kThreads = Tr::kNConsumerThreads;
-  constexpr int kLd = kD + 4;  // a row of the staged tile, padded (16-byte aligned rows)
+  // Column parts where the whole padded tile passes 48 KiB and the fragment's repeats along
+  // the head dim split in two (256); else one part, unpadded if only that fits (192).
+  constexpr int kStatic = 48 * 1024, kReps = kD / decltype(tile_size<1>(typename Tr::TiledMmaDq{}))::value;
+  constexpr int kParts = kM * (kD + 4) * 4 > kStatic && kReps % 2 == 0 ? 2 : 1, kCols = kD / kParts;
+  constexpr int kLd = kM * (kCols + 4) * 4 <= kStatic ? kCols + 4 : kCols;  // a staged row (16-byte aligned)
   __shared__ __align__(16) float tile[kM * kLd];
   const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
   const cuda::SeqInfo seq = cuda::seq_info(p, b);
@@ -453,33 +360,45 @@ __global__ void __launch_bounds__(Tr::kNConsumerThreads)
   typename Tr::TiledMmaDq mma_dq;
   Tensor c = mma_dq.get_thread_slice(t).partition_C(
       make_identity_tensor(Shape<typename Tr::BlkM, typename Tr::HeadDim>{}));  // (MMA, MMA_M, MMA_D)
+  // Part q is the fragment's values [q, q + 1)·kPerPart: its repeats along the head dim that
+  // cover columns [q·kCols, (q + 1)·kCols).
+  constexpr int kPerPart = decltype(size(c))::value / kParts;
+  static_assert(decltype(size<2>(c))::value % kParts == 0 &&
+                    decltype(tile_size<1>(mma_dq))::value * (decltype(size<2>(c))::value / kParts) == kCols,
+                "a part is whole repeats of the dQ MMA's columns");
   const float* acc = ws.dq_accum + (ws.row(p, seq, b, h) + int64_t(m) * kM) * kD;
+  static_assert(kM * kCols / 8 % kThreads == 0, "every thread stores the same number of 8-value chunks");
   CUTE_UNROLL
-  for (int e = 0; e < size(c); e += 4) {
-    const float4 v = *reinterpret_cast<const float4*>(acc + Tr::dq_slot(t, e));
-    tile[get<0>(c(e)) * kLd + get<1>(c(e))] = v.x;
-    tile[get<0>(c(e + 1)) * kLd + get<1>(c(e + 1))] = v.y;
-    tile[get<0>(c(e + 2)) * kLd + get<1>(c(e + 2))] = v.z;
-    tile[get<0>(c(e + 3)) * kLd + get<1>(c(e + 3))] = v.w;
-  }
-  __syncthreads();
-  Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + seq.start_q * p.dq_row_stride +
-                h * p.dq_head_stride;
-  const bool vec = reinterpret_cast<uintptr_t>(dq) % 16 == 0 && p.dq_row_stride % 8 == 0;
-  CUTE_UNROLL
-  for (int it = 0; it < kM * kD / 8 / kThreads; ++it) {
-    const int chunk = it * kThreads + t, r = chunk / (kD / 8), c8 = chunk % (kD / 8) * 8;
-    const int i = m * kM + r;
-    if (i >= seq.len_q) continue;
-    alignas(16) Element out[8];
+  for (int part = 0; part < kParts; ++part) {
+    if (part > 0) __syncthreads();  // the previous part has been stored
     CUTE_UNROLL
-    for (int j = 0; j < 8; ++j) out[j] = Element(tile[r * kLd + c8 + j] * p.scale);
-    Element* row = dq + int64_t(i) * p.dq_row_stride + c8;
-    if (vec) {
-      *reinterpret_cast<uint4*>(row) = *reinterpret_cast<const uint4*>(out);
-    } else {
+    for (int e = part * kPerPart; e < (part + 1) * kPerPart; e += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(acc + Tr::dq_slot(t, e));
+      const int c0 = part * kCols;
+      tile[get<0>(c(e)) * kLd + get<1>(c(e)) - c0] = v.x;
+      tile[get<0>(c(e + 1)) * kLd + get<1>(c(e + 1)) - c0] = v.y;
+      tile[get<0>(c(e + 2)) * kLd + get<1>(c(e + 2)) - c0] = v.z;
+      tile[get<0>(c(e + 3)) * kLd + get<1>(c(e + 3)) - c0] = v.w;
+    }
+    __syncthreads();
+    Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + seq.start_q * p.dq_row_stride +
+                  h * p.dq_head_stride;
+    const bool vec = reinterpret_cast<uintptr_t>(dq) % 16 == 0 && p.dq_row_stride % 8 == 0;
+    CUTE_UNROLL
+    for (int it = 0; it < kM * kCols / 8 / kThreads; ++it) {
+      const int chunk = it * kThreads + t, r = chunk / (kCols / 8), c8 = chunk % (kCols / 8) * 8;
+      const int i = m * kM + r;
+      if (i >= seq.len_q) continue;
+      alignas(16) Element out[8];
       CUTE_UNROLL
-      for (int j = 0; j < 8; ++j) row[j] = out[j];
+      for (int j = 0; j < 8; ++j) out[j] = Element(tile[r * kLd + c8 + j] * p.scale);
+      Element* row = dq + int64_t(i) * p.dq_row_stride + part * kCols + c8;
+      if (vec) {
+        *reinterpret_cast<uint4*>(row) = *reinterpret_cast<const uint4*>(out);
+      } else {
+        CUTE_UNROLL
+        for (int j = 0; j < 8; ++j) row[j] = out[j];
+      }
     }
   }
 }

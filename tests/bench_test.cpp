@@ -118,30 +118,20 @@ TEST(BenchFlops, BytesOfADecodeCallAreItsKeysAndValues) {
 
 TEST(BenchSweep, FixedTokensAndHiddenSize) {
   Sweep s;
-  s.head_dims = {64, 256};
+  // 2048 / 96 = 21.3 heads, rounded down; 4096 is wider than the hidden size.
+  s.head_dims = {64, 96, 256, 4096};
   s.seqlens = {1024, 3000, 16384};  // 3000 does not divide 16384 tokens
   s.causal = {true};
   s.backward = false;
   const std::vector<Problem> ps = sweep_problems(s);
-  ASSERT_EQ(ps.size(), 4u);
+  ASSERT_EQ(ps.size(), 6u);
   EXPECT_EQ(ps[0].batch, 16);
   EXPECT_EQ(ps[0].heads_q, 32);
-  EXPECT_EQ(ps[3].batch, 1);
-  EXPECT_EQ(ps[3].heads_q, 8);
+  EXPECT_EQ(ps[2].heads_q, 21);
+  EXPECT_EQ(ps[2].heads_kv, 21);
+  EXPECT_EQ(ps[5].batch, 1);
+  EXPECT_EQ(ps[5].heads_q, 8);
   for (const Problem& p : ps) EXPECT_TRUE(p.causal && !p.backward);
-}
-
-TEST(BenchSweep, AHeadDimThatDoesNotDivideTheHiddenSizeRoundsTheHeadsDown) {
-  Sweep s;
-  s.head_dims = {96, 4096};  // 2048 / 96 = 21.3; 4096 is wider than the hidden size
-  s.seqlens = {4096};
-  s.causal = {false};
-  s.backward = false;
-  const std::vector<Problem> ps = sweep_problems(s);
-  ASSERT_EQ(ps.size(), 1u);
-  EXPECT_EQ(ps[0].heads_q, 21);
-  EXPECT_EQ(ps[0].heads_kv, 21);
-  EXPECT_EQ(ps[0].batch, 4);
 }
 
 // ---- timing -----------------------------------------------------------------------------

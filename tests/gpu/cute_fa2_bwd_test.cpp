@@ -120,17 +120,26 @@ TEST_F(CuteFa2BwdTest, DeterministicIsBitwiseReproducible) {
   for (const DeterministicCase& c : cases) check_deterministic("cute_fa2", c.name, c.problem);
 }
 
+// Why cute_fa3's backward cannot run here ("" when it can): the build has none, or the device
+// is not sm_90.
+std::string fa3_backward_missing() {
+  bool built = false;
+  for (const KernelInfo& k : kernels()) built = built || (k.name == "cute_fa3" && k.has_backward);
+  if (!built) return "this build has no cute_fa3 backward";
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    ADD_FAILURE() << "the device's compute capability could not be read";  // an error, not a skip
+    return "the device's compute capability could not be read";
+  }
+  return major == 9 ? "" : "cute_fa3 needs an sm_90 device (this one is sm_" + std::to_string(major) + "x)";
+}
+
 // cute_fa3's backward (head dims 64, 96 and 128): its dQ warp adds each query block's partial sums in
 // a fixed key-block order (ascending, or descending under a causal mask). Needs an sm_90 device;
 // elsewhere the test says why it skips.
 TEST_F(CuteFa2BwdTest, Fa3DeterministicIsBitwiseReproducible) {
-  bool built = false;
-  for (const KernelInfo& k : kernels()) built = built || (k.name == "cute_fa3" && k.has_backward);
-  if (!built) GTEST_SKIP() << "this build has no cute_fa3 backward";
-  int device = 0, major = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
-  if (major != 9) GTEST_SKIP() << "cute_fa3 needs an sm_90 device (this one is sm_" << major << "x)";
+  if (const std::string why = fa3_backward_missing(); !why.empty()) GTEST_SKIP() << why;
   const DeterministicCase cases[] = {
       {"bf16_gqa4_causal_1000", dense(DType::kBF16, 2, 1000, 1000, 8, 2, 128).make_causal()},
       {"fp16_mqa_window_2000", dense(DType::kF16, 1, 300, 2000, 4, 1, 128).window(700, 200)},
@@ -150,10 +159,7 @@ TEST_F(CuteFa2BwdTest, Fa3DeterministicIsBitwiseReproducible) {
 // At head dims 192 and 256 cute_fa3's backward (the wide step) refuses the deterministic mode
 // with the reason, and `auto` then picks cute_fa2's.
 TEST_F(CuteFa2BwdTest, Fa3WideStepRefusesDeterministicAndAutoPicksCuteFa2) {
-  int device = 0, major = 0;
-  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
-  if (major != 9) GTEST_SKIP() << "cute_fa3 needs an sm_90 device (this one is sm_" << major << "x)";
+  if (const std::string why = fa3_backward_missing(); !why.empty()) GTEST_SKIP() << why;
   for (int d : {192, 256}) {
     if (!cuda::head_dim_built(d)) continue;
     SCOPED_TRACE("head dim " + std::to_string(d));

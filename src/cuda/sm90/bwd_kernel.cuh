@@ -209,21 +209,28 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   typename Tr::TiledMmaSdP mma_sdp;
   typename Tr::TiledMmaDkv mma_dkv;
   typename Tr::TiledMmaDq mma_dq;
+  // The shared-memory operands (descriptors) depend only on the warpgroup: built from its
+  // first thread's slice, with the index broadcast from lane 0, the compiler sees a
+  // warp-uniform value and keeps the descriptors in uniform registers (from a per-thread
+  // index it builds them in vector registers and moves each one with R2UR before its wgmma).
+  // The accumulators' slices stay per thread.
+  const int wg = __shfl_sync(0xffffffffu, ctid / 128, 0);
+  auto wg_sdp = mma_sdp.get_slice(wg * 128);
+  auto wg_dkv = mma_dkv.get_slice(wg * 128);
+  auto wg_dq = mma_dq.get_slice(wg * 128);  // both dQ splits put thread t in warpgroup t / 128
   auto thr_sdp = mma_sdp.get_thread_slice(ctid);
   // dS's store: the Sᵀ accumulator's thread layout, transposed into shared memory by stmatrix.
   auto r2s_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_sdp);
   auto r2s_ds_thr = r2s_ds.get_thread_slice(ctid);
   auto thr_dkv = mma_dkv.get_thread_slice(ctid);
-  auto thr_dq = mma_dq.get_thread_slice(ctid);
-  // Operands (shared-memory descriptors).
-  Tensor tSrK = thr_sdp.partition_fragment_A(sK);     // (MMA, MMA_N, MMA_D)
-  Tensor tSrV = thr_sdp.partition_fragment_A(sV);     // (MMA, MMA_N, MMA_D)
-  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (MMA, MMA_M, MMA_D, STAGES)
-  Tensor tSrDo = thr_sdp.partition_fragment_B(sDo);   // (MMA, MMA_M, MMA_D, STAGES)
-  Tensor tDkvrQt = thr_dkv.partition_fragment_B(sQt);    // (MMA, MMA_D, MMA_M, STAGES)
-  Tensor tDkvrDot = thr_dkv.partition_fragment_B(sDot);  // (MMA, MMA_D, MMA_M, STAGES)
-  Tensor tDqrDs = thr_dq.partition_fragment_A(sDs);      // (MMA, MMA_M, MMA_N, STAGES)
-  Tensor tDqrKt = thr_dq.partition_fragment_B(sKt);      // (MMA, MMA_D, MMA_N)
+  Tensor tSrK = wg_sdp.partition_fragment_A(sK);     // (MMA, MMA_N, MMA_D)
+  Tensor tSrV = wg_sdp.partition_fragment_A(sV);     // (MMA, MMA_N, MMA_D)
+  Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);     // (MMA, MMA_M, MMA_D, STAGES)
+  Tensor tSrDo = wg_sdp.partition_fragment_B(sDo);   // (MMA, MMA_M, MMA_D, STAGES)
+  Tensor tDkvrQt = wg_dkv.partition_fragment_B(sQt);    // (MMA, MMA_D, MMA_M, STAGES)
+  Tensor tDkvrDot = wg_dkv.partition_fragment_B(sDot);  // (MMA, MMA_D, MMA_M, STAGES)
+  Tensor tDqrDs = wg_dq.partition_fragment_A(sDs);      // (MMA, MMA_M, MMA_N, STAGES)
+  Tensor tDqrKt = wg_dq.partition_fragment_B(sKt);      // (MMA, MMA_D, MMA_N)
   // Where this thread's values of Sᵀ sit: (key, query) in the (BLK_N, BLK_M) tile.
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<BlkN, BlkM>{}));  // (MMA, MMA_N, MMA_M)
   Tensor tDkvcDkv = thr_dkv.partition_C(make_identity_tensor(Shape<BlkN, HeadDim>{}));  // (MMA, MMA_N, MMA_D)
@@ -280,7 +287,6 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     ++state_do;
     // dQ into this warpgroup's half of the shared stage (free once the dQ warp's last bulk
     // reduce of it has read it).
-    const int wg = ctid / 128;
     NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::dq_empty_barrier(wg));
     static_assert(decltype(size(acc_dq))::value % 4 == 0 && decltype(size(acc_dq))::value * 128 == Tr::kDqHalf);
     CUTE_UNROLL

@@ -1,4 +1,4 @@
-// The Hopper backward's traits at wide head dims (256): the names the kernel and the launch
+// The Hopper backward's traits at wide head dims (192 and 256): the names the kernel and the launch
 // use (bwd_kernel.cuh), for a second consumer step (bwd_wide.cuh).
 //
 // Why another design. With keys on the wgmma M side (BwdTraits), a consumer warpgroup owns

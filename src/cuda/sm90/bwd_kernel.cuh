@@ -20,8 +20,8 @@
 // Head dims 192 and 256 (BwdTraitsWide) run another consumer step, bwd_consume_wide
 // (bwd_wide.cuh): S and dP unswapped, P and dS through shared memory, dQ added from registers
 // by vector reductions, so no dQ warp. What this version leaves out: head dims other than 64,
-// 96, 128, 192 and 256 (refused in bwd_dispatch.cu) and dropout (the registry entry takes
-// none, so the API's dispatch refuses it).
+// 96, 128, 192 and 256, the deterministic mode at 192 and 256 (both refused in bwd_dispatch.cu)
+// and dropout (the registry entry takes none, so the API's dispatch refuses it).
 #pragma once
 
 #include <cute/tensor.hpp>

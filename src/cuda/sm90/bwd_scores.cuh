@@ -11,6 +11,7 @@
 #include "common/constants.h"
 #include "common/params.h"
 #include "cuda/common.cuh"
+#include "cuda/sm90/bwd_steps.cuh"     // BwdTile
 #include "cuda/sm90/fwd_mainloop.cuh"  // warpgroup_wait_for
 
 namespace flashlab::sm90 {
@@ -141,11 +142,11 @@ __device__ __forceinline__ void bwd_zero_rows(int valid, int ctid, SmemTiles... 
 
 // ---- epilogue: dK = scale · Σ dSᵀ Q and dV from the consumers' registers; keys past the
 // sequence are not written. c gives each value's (key in the block, d). ----
-template <class Tr, class Acc, class Coord>
-__device__ __forceinline__ void bwd_store_dkv(const BwdParams& p, const cuda::SeqInfo& seq, int n_block,
-                                              const Acc& acc_dk, const Acc& acc_dv, const Coord& c) {
+template <class Tr, class Tile, class Acc, class Coord>
+__device__ __forceinline__ void bwd_store_dkv(const BwdParams& p, const cuda::SeqInfo& seq, const Tile& tile,
+                                              int n_block, const Acc& acc_dk, const Acc& acc_dv, const Coord& c) {
   using Element = typename Tr::Element;
-  const int h_kv = blockIdx.y, b = blockIdx.z;
+  const int h_kv = tile.h_kv(), b = tile.b();
   Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + seq.start_k * p.dk_row_stride +
                 h_kv * p.dk_head_stride;
   Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + seq.start_k * p.dv_row_stride +
@@ -157,6 +158,12 @@ __device__ __forceinline__ void bwd_store_dkv(const BwdParams& p, const cuda::Se
     dk[int64_t(key) * p.dk_row_stride + d] = Element(acc_dk(e) * p.scale);
     dv[int64_t(key) * p.dv_row_stride + d] = Element(acc_dv(e));
   }
+}
+// The 3-D grid's CTA (bwd_consume_wide).
+template <class Tr, class Acc, class Coord>
+__device__ __forceinline__ void bwd_store_dkv(const BwdParams& p, const cuda::SeqInfo& seq, int n_block,
+                                              const Acc& acc_dk, const Acc& acc_dv, const Coord& c) {
+  bwd_store_dkv<Tr>(p, seq, BwdGridTile{}, n_block, acc_dk, acc_dv, c);
 }
 
 }  // namespace flashlab::sm90

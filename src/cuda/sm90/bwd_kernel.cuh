@@ -1,8 +1,9 @@
 // The Hopper backward kernel (`cute_fa3`'s backward, sm_90a) and its launch: preprocess,
 // main kernel, postprocess (bwd_rows.cuh), on the caller's stream.
 //
-// One CTA per (key block of 128 keys, KV head, batch entry; varlen: of the longest
-// sequence), at head dims up to 128: warpgroup 0's first thread
+// One CTA per (key block of 128 keys, KV head, batch entry; varlen: one per key block that
+// exists, or in the deterministic mode per key block of the longest sequence: BwdTile in
+// bwd_steps.cuh), at head dims up to 128: warpgroup 0's first thread
 // loads K and V once (one mbarrier) and then, per step, Q and dO with their rows' LSE and D
 // through two TMA rings; warpgroups 1 and 2 each own 64 of the keys and, per step, run the
 // five MMAs of bwd_traits.h, keeping dK and dV in registers until the end. A step is one

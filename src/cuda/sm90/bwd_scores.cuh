@@ -125,14 +125,31 @@ struct BwdScores {
 // map gives zeros. Their P and dS are 0 by selection, but the MMAs still multiply those zeros
 // by the rows (0 · NaN = NaN), so the consumers zero the rows from `valid` on in each shared
 // tile first, then make the writes visible to the wgmma (async proxy) reads of both
-// warpgroups.
+// warpgroups. Only those rows, 16 bytes per shared store: the GMMA swizzles permute 16-byte
+// units of the byte address (a swizzle base of 4 bits), so a row's 8 columns from a multiple
+// of 8 stay one aligned 16-byte unit (checked on the tile's layout below).
+template <class Layout, int kRows, int kCols>
+constexpr bool bwd_rows_in_16_bytes() {
+  constexpr Layout l{};
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kCols; c += 8)
+      if (l(r, c) % 8 != 0 || l(r, c + 7) != l(r, c) + 7) return false;
+  return true;
+}
 template <class Tr, class... SmemTiles>
 __device__ __forceinline__ void bwd_zero_rows(int valid, int ctid, SmemTiles... tiles) {
   auto zero = [&](auto tile) {  // (rows, D)
     constexpr int kRows = decltype(size<0>(tile))::value, kCols = decltype(size<1>(tile))::value;
-    for (int e = ctid; e < kRows * kCols; e += Tr::kNConsumerThreads) {
-      const int r = e / kCols, c = e % kCols;
-      if (r >= valid) tile(r, c) = typename Tr::Element(0.f);
+    using Swizzle = get_swizzle_t<decltype(tile.data())>;
+    static_assert(sizeof(typename Tr::Element) == 2 && kCols % 8 == 0 &&
+                      (Swizzle::num_bits == 0 || Swizzle::num_base >= 4) &&
+                      bwd_rows_in_16_bytes<decltype(tile.layout()), kRows, kCols>(),
+                  "8 columns from a multiple of 8 are one aligned 16-byte unit");
+    constexpr int kUnits = kCols / 8;  // per row
+    for (int e = ctid; e < (kRows - valid) * kUnits; e += Tr::kNConsumerThreads) {
+      const int r = valid + e / kUnits, c = e % kUnits * 8;
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(cast_smem_ptr_to_uint(&tile(r, c))), "r"(0)
+                   : "memory");
     }
   };
   (zero(tiles), ...);

@@ -57,6 +57,17 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
       add(t + hd + "gqa8to1", dense(dt, 1, 129, 129, 16, 2, d));
       add(t + hd + "mqa_causal", dense(dt, 2, 77, 77, 8, 1, d).make_causal());
       add(t + hd + "window_0_0", dense(dt, 1, 150, 150, 2, 2, d).window(0, 0));
+      // 70 sequences (more than a warp's 32 at a time in cute_fa3's backward, which maps its
+      // compact varlen grid by a warp scan over the sequences' key blocks), empty ones among
+      // them and at a 32-sequence edge, lengths from 0 to 3 key blocks of 128.
+      {
+        std::vector<int> lens_q, lens_k;
+        for (int i = 0; i < 70; ++i) {
+          lens_q.push_back(i % 9 == 4 ? 0 : (i * 53) % 300 + 1);
+          lens_k.push_back(i % 7 == 3 || i == 31 || i == 32 ? 0 : (i * 97) % 390 + 1);
+        }
+        add(t + hd + "varlen_70_seqs_causal", varlen(dt, lens_q, lens_k, 2, 1, d).make_causal());
+      }
       add(t + hd + "padded_strides", dense(dt, 2, 90, 110, 4, 2, d).padded({1, 3, 1, pad16}));
       add(t + hd + "seqlen17", dense(dt, 2, 17, 17, 4, 4, d));
       // More query tiles than an H100 has SMs: a persistent kernel (the ablation

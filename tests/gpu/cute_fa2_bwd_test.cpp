@@ -157,34 +157,40 @@ TEST_F(CuteFa2BwdTest, Fa3DeterministicIsBitwiseReproducible) {
 }
 
 // At head dims 192 and 256 cute_fa3's backward (the wide step) refuses the deterministic mode
-// with the reason, and `auto` then picks cute_fa2's.
+// with the reason, and `auto` then picks cute_fa2's; without it cute_fa3 takes dense and
+// varlen problems, with windows and softcap.
 TEST_F(CuteFa2BwdTest, Fa3WideStepRefusesDeterministicAndAutoPicksCuteFa2) {
   if (const std::string why = fa3_backward_missing(); !why.empty()) GTEST_SKIP() << why;
   for (int d : {192, 256}) {
     if (!cuda::head_dim_built(d)) continue;
-    SCOPED_TRACE("head dim " + std::to_string(d));
-    const Problem p = dense(DType::kBF16, 1, 128, 128, 2, 1, d).make_causal();
-    std::mt19937_64 rng = rng_for("wide-refusal/" + std::to_string(d));
-    Inputs in = make_inputs(p, rng);
-    HostTensor out = make_out(p), lse = make_lse(p), dq = make_like_q(p), dk = make_like_kv(p, d),
-               dv = make_like_kv(p, d);
-    DevicePlacement where;
-    BackwardArgs a = backward_args(p, where.place(in.q), where.place(in.k), where.place(in.v), where.place(out),
-                                   where.place(in.dout), where.place(lse), where.place(dq), where.place(dk),
-                                   where.place(dv), where.place(in.cu_q), where.place(in.cu_k));
-    ASSERT_TRUE(where.ok());
-    a.deterministic = true;
-    std::string name;
-    a.kernel = "cute_fa3";
-    const Status s = select_kernel(a, &name);
-    EXPECT_TRUE(status_is(s, StatusCode::kUnsupported));
-    EXPECT_NE(s.message().find("deterministic"), std::string::npos) << s.message();
-    a.kernel = "auto";
-    ASSERT_OK(select_kernel(a, &name));
-    EXPECT_EQ(name, "cute_fa2");
-    a.deterministic = false;  // and without it, cute_fa3 takes the call
-    ASSERT_OK(select_kernel(a, &name));
-    EXPECT_EQ(name, "cute_fa3");
+    const Problem problems[] = {
+        dense(DType::kBF16, 1, 128, 128, 2, 1, d).make_causal(),
+        varlen(DType::kBF16, {33, 0, 190}, {80, 9, 190}, 2, 1, d).window(17, 4).cap(20.f)};
+    for (const Problem& p : problems) {
+      SCOPED_TRACE("head dim " + std::to_string(d) + ": " + p.describe());
+      std::mt19937_64 rng = rng_for("wide-refusal/" + std::to_string(d));
+      Inputs in = make_inputs(p, rng);
+      HostTensor out = make_out(p), lse = make_lse(p), dq = make_like_q(p), dk = make_like_kv(p, d),
+                 dv = make_like_kv(p, d);
+      DevicePlacement where;
+      BackwardArgs a = backward_args(p, where.place(in.q), where.place(in.k), where.place(in.v),
+                                     where.place(out), where.place(in.dout), where.place(lse),
+                                     where.place(dq), where.place(dk), where.place(dv),
+                                     where.place(in.cu_q), where.place(in.cu_k));
+      ASSERT_TRUE(where.ok());
+      a.deterministic = true;
+      std::string name;
+      a.kernel = "cute_fa3";
+      const Status s = select_kernel(a, &name);
+      EXPECT_TRUE(status_is(s, StatusCode::kUnsupported));
+      EXPECT_NE(s.message().find("deterministic"), std::string::npos) << s.message();
+      a.kernel = "auto";
+      ASSERT_OK(select_kernel(a, &name));
+      EXPECT_EQ(name, "cute_fa2");
+      a.deterministic = false;  // and without it, cute_fa3 takes the call
+      ASSERT_OK(select_kernel(a, &name));
+      EXPECT_EQ(name, "cute_fa3");
+    }
   }
 }
 

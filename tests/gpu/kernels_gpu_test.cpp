@@ -28,27 +28,46 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
     const std::string t = std::string(to_string(dt)) + "_";
     // Strides stay multiples of 16 bytes in every dtype (the API's CUDA rule).
     const int64_t pad16 = int64_t(16 / dtype_size(dt));
-    for (int d : {64, 128}) {
+    // Windows (causal as right bound 0, one-sided, seqlen_q on either side of seqlen_k), softcap,
+    // varlen with empty sequences and a single row at head dim d; at 192 and 256 they run
+    // through cute_fa3's wide step (96- and 80-key blocks, bwd_wide.cuh).
+    auto masks_softcap_varlen = [&](int d) {
       const std::string hd = "hdim" + std::to_string(d) + "_";
-      add(t + hd + "basic", dense(dt, 2, 256, 256, 4, 4, d));
-      add(t + hd + "causal", dense(dt, 2, 200, 200, 4, 2, d).make_causal());
       add(t + hd + "seqlen1", dense(dt, 3, 1, 1, 2, 1, d));
-      add(t + hd + "seqlen3", dense(dt, 4, 3, 3, 8, 4, d).make_causal());
-      add(t + hd + "seqlen127", dense(dt, 1, 127, 127, 4, 1, d));
-      add(t + hd + "seqlen1000_causal", dense(dt, 1, 1000, 1000, 2, 1, d).make_causal());
-      add(t + hd + "sq_lt_sk", dense(dt, 2, 65, 300, 2, 2, d));
       add(t + hd + "sq_gt_sk_causal_masked_rows", dense(dt, 2, 300, 65, 8, 2, d).make_causal());
-      add(t + hd + "gqa8to1", dense(dt, 1, 129, 129, 16, 2, d));
-      add(t + hd + "mqa_causal", dense(dt, 2, 77, 77, 8, 1, d).make_causal());
-      add(t + hd + "window_0_0", dense(dt, 1, 150, 150, 2, 2, d).window(0, 0));
       add(t + hd + "window_3_unbounded", dense(dt, 1, 150, 150, 2, 2, d).window(3, -1));
       add(t + hd + "window_unbounded_5", dense(dt, 1, 150, 150, 2, 2, d).window(-1, 5));
       add(t + hd + "window_32_8_sq_lt_sk", dense(dt, 1, 100, 220, 2, 1, d).window(32, 8));
+      add(t + hd + "window_128_0", dense(dt, 1, 300, 300, 2, 1, d).window(128, 0));
       add(t + hd + "softcap_causal", dense(dt, 1, 160, 160, 4, 2, d).cap(5.f).make_causal());
       add(t + hd + "varlen_zero_lengths",
           varlen(dt, {5, 0, 130, 1, 0, 64}, {7, 3, 0, 200, 0, 64}, 4, 2, d).make_causal());
       add(t + hd + "varlen_window_softcap",
           varlen(dt, {33, 1, 190}, {80, 9, 190}, 2, 1, d).window(17, 4).cap(20.f));
+    };
+    for (int d : {64, 128}) {
+      const std::string hd = "hdim" + std::to_string(d) + "_";
+      masks_softcap_varlen(d);
+      add(t + hd + "basic", dense(dt, 2, 256, 256, 4, 4, d));
+      add(t + hd + "causal", dense(dt, 2, 200, 200, 4, 2, d).make_causal());
+      add(t + hd + "seqlen3", dense(dt, 4, 3, 3, 8, 4, d).make_causal());
+      add(t + hd + "seqlen127", dense(dt, 1, 127, 127, 4, 1, d));
+      add(t + hd + "seqlen1000_causal", dense(dt, 1, 1000, 1000, 2, 1, d).make_causal());
+      add(t + hd + "sq_lt_sk", dense(dt, 2, 65, 300, 2, 2, d));
+      add(t + hd + "gqa8to1", dense(dt, 1, 129, 129, 16, 2, d));
+      add(t + hd + "mqa_causal", dense(dt, 2, 77, 77, 8, 1, d).make_causal());
+      add(t + hd + "window_0_0", dense(dt, 1, 150, 150, 2, 2, d).window(0, 0));
+      // 70 sequences (more than a warp's 32 at a time in cute_fa3's backward, which maps its
+      // compact varlen grid by a warp scan over the sequences' key blocks), empty ones among
+      // them and at a 32-sequence edge, lengths from 0 to 3 key blocks of 128.
+      {
+        std::vector<int> lens_q, lens_k;
+        for (int i = 0; i < 70; ++i) {
+          lens_q.push_back(i % 9 == 4 ? 0 : (i * 53) % 300 + 1);
+          lens_k.push_back(i % 7 == 3 || i == 31 || i == 32 ? 0 : (i * 97) % 390 + 1);
+        }
+        add(t + hd + "varlen_70_seqs_causal", varlen(dt, lens_q, lens_k, 2, 1, d).make_causal());
+      }
       add(t + hd + "padded_strides", dense(dt, 2, 90, 110, 4, 2, d).padded({1, 3, 1, pad16}));
       add(t + hd + "seqlen17", dense(dt, 2, 17, 17, 4, 4, d));
       // More query tiles than an H100 has SMs: a persistent kernel (the ablation
@@ -63,7 +82,6 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
           varlen(dt, {5, 0, 700, 1, 0, 300}, {7, 3, 0, 700, 0, 300}, 48, 8, d).make_causal());
       add(t + hd + "many_tiles_window_softcap",
           dense(dt, 1, 384, 384, 96, 8, d).window(100, 0).cap(30.f));
-      add(t + hd + "window_128_0", dense(dt, 1, 300, 300, 2, 1, d).window(128, 0));
       add(t + hd + "dropout_causal_gqa",
           dense(dt, 2, 200, 200, 4, 2, d).make_causal().drop(0.17f, 0x5eed + d));
       // Each key tile (walked last to first) raises the rows' running max, by more than the
@@ -93,7 +111,6 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
     add(t + "hdim96_sq_gt_sk_causal_masked_rows", dense(dt, 2, 300, 65, 8, 2, 96).make_causal());
     add(t + "hdim192_causal", dense(dt, 1, 100, 130, 2, 1, 192).make_causal());
     // Head dim 192 (cute_fa3's backward: 64 query rows × 96 keys, three consumer warpgroups).
-    add(t + "hdim192_sq_gt_sk_causal_masked_rows", dense(dt, 2, 300, 65, 8, 2, 192).make_causal());
     add(t + "hdim192_mqa_ragged", dense(dt, 1, 127, 161, 8, 1, 192));
     add(t + "hdim192_many_tiles", dense(dt, 2, 512, 400, 4, 2, 192));
     add(t + "hdim192_varlen_softcap", varlen(dt, {33, 1, 190}, {80, 9, 190}, 2, 1, 192).cap(20.f));
@@ -103,16 +120,10 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
     // Head dim 256 (cute_fa3's backward: 64 query rows × 80 keys, dQ by atomics): ragged query
     // and key blocks, GQA and MQA, seqlen_q on either side of seqlen_k, causal or not.
     add(t + "hdim256_causal_sq_lt_sk_gqa", dense(dt, 2, 100, 230, 4, 2, 256).make_causal());
-    add(t + "hdim256_sq_gt_sk_causal_masked_rows", dense(dt, 2, 300, 65, 8, 2, 256).make_causal());
     add(t + "hdim256_mqa_ragged", dense(dt, 1, 127, 161, 8, 1, 256));
-    add(t + "hdim256_seqlen1", dense(dt, 3, 1, 1, 2, 1, 256));
     add(t + "hdim256_many_tiles", dense(dt, 2, 512, 400, 4, 2, 256));
     add(t + "hdim256_padded_strides", dense(dt, 2, 90, 110, 4, 2, 256).padded({1, 3, 1, pad16}));
-    // What cute_fa3 refuses at head dim 256 (varlen, softcap, windows): cute_fa2 runs them.
-    add(t + "hdim256_varlen_zero_lengths",
-        varlen(dt, {5, 0, 130, 1, 0, 64}, {7, 3, 0, 200, 0, 64}, 4, 2, 256).make_causal());
-    add(t + "hdim256_softcap_causal", dense(dt, 1, 160, 160, 4, 2, 256).cap(5.f).make_causal());
-    add(t + "hdim256_window_32_8_sq_lt_sk", dense(dt, 1, 100, 220, 2, 1, 256).window(32, 8));
+    for (int d : {192, 256}) masks_softcap_varlen(d);
     add(t + "batch0", dense(dt, 0, 64, 64, 2, 2, 64));
     add(t + "seqlen_k0", dense(dt, 2, 33, 0, 2, 2, 64));
     add(t + "seqlen_q0", dense(dt, 2, 0, 33, 2, 2, 64));

@@ -48,18 +48,14 @@ BwdEntries entries_for(const BwdParams& p) {
 
 constexpr int kHeadDims[] = {64, 96, 128, 192, 256};
 
-// Head dims 192 and 256's step (bwd_wide.cuh) adds dQ by unordered atomics and takes dense
-// problems without softcap, masked by causal or nothing: the rest runs on cute_fa2.
+// Head dims 192 and 256's step (bwd_wide.cuh) adds dQ into the fp32 accumulator by
+// unordered vector reductions from the consumers' registers: it has no fixed order of key
+// blocks, so the deterministic mode runs on cute_fa2. Varlen, softcap and every window take
+// paths both steps share (BwdScores, BwdSteps, bwd_zero_rows, the workspace rows).
 std::string refuse_wide(const BwdParams& p) {
-  if (p.head_dim != 192 && p.head_dim != 256) return "";
-  const char* why = p.deterministic ? "deterministic must be false"
-                    : p.varlen      ? "cu_seqlens (varlen) must be absent"
-                    : p.mask.softcap > 0.f ? "softcap must be 0"
-                    : p.mask.window_left >= 0 || p.mask.window_right > 0 ? "window_left/window_right must be causal or none"
-                                                                          : nullptr;
-  return why == nullptr ? ""
-                        : std::string(why) + " at head_dim " + std::to_string(p.head_dim) +
-                              " (the Hopper backward's wide step; cute_fa2 runs it)";
+  if ((p.head_dim != 192 && p.head_dim != 256) || !p.deterministic) return "";
+  return "deterministic must be false at head_dim " + std::to_string(p.head_dim) +
+         " (the Hopper backward's wide step adds dQ by unordered atomics; cute_fa2 runs it)";
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // The Hopper backward kernel (`cute_fa3`'s backward, sm_90a) and its launch: preprocess,
 // main kernel, postprocess (bwd_rows.cuh), on the caller's stream.
 //
-// One CTA per (key block of 128 keys, KV head, batch entry; varlen: of the longest
-// sequence), at head dims up to 128: warpgroup 0's first thread
+// One CTA per (key block of 128 keys, KV head, batch entry; varlen: one per key block that
+// exists, or in the deterministic mode per key block of the longest sequence: BwdTile in
+// bwd_steps.cuh), at head dims up to 128: warpgroup 0's first thread
 // loads K and V once (one mbarrier) and then, per step, Q and dO with their rows' LSE and D
 // through two TMA rings; warpgroups 1 and 2 each own 64 of the keys and, per step, run the
 // five MMAs of bwd_traits.h, keeping dK and dV in registers until the end. A step is one
@@ -20,8 +21,8 @@
 // Head dims 192 and 256 (BwdTraitsWide) run another consumer step, bwd_consume_wide
 // (bwd_wide.cuh): S and dP unswapped, P and dS through shared memory, dQ added from registers
 // by vector reductions, so no dQ warp. What this version leaves out: head dims other than 64,
-// 96, 128, 192 and 256 (refused in bwd_dispatch.cu) and dropout (the registry entry takes
-// none, so the API's dispatch refuses it).
+// 96, 128, 192 and 256, the deterministic mode at 192 and 256 (both refused in bwd_dispatch.cu)
+// and dropout (the registry entry takes none, so the API's dispatch refuses it).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -64,17 +65,17 @@ __device__ __forceinline__ void bulk_reduce_add(float* gmem, const float* smem, 
 }
 
 // ---- producer warp 0 (one thread): K and V once, then Q with its LSE and dO with its D ----
-template <class Tr>
+template <class Tr, class Tile>
 __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
                                          typename Tr::PipelineQ& pipeline_q,
                                          typename Tr::PipelineDo& pipeline_do, const BwdSteps& steps,
-                                         const cuda::SeqInfo& seq) {
+                                         const cuda::SeqInfo& seq, const Tile& tile) {
   using BlkM = typename Tr::BlkM;
   using BlkN = typename Tr::BlkN;
   using HeadDim = typename Tr::HeadDim;
   constexpr int kM = Tr::kBlockM;
   const BwdParams& p = kp.p;
-  const int n_block = bwd_n_block(kp.p), h_kv = blockIdx.y, b = blockIdx.z;
+  const int n_block = tile.n_block(kp.p), h_kv = tile.h_kv(), b = tile.b();
   const int D = Tr::kHeadDim;
   // Varlen: every sequence packed in rows, one "batch", offset by the sequence's start.
   const int bq = p.varlen ? 0 : b;
@@ -128,14 +129,15 @@ __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename
 }
 
 // ---- producer warp 1: each step's dQ from shared memory into the fp32 accumulator -------
-template <class Tr>
+template <class Tr, class Tile>
 __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
-                                             const BwdSteps& steps, const cuda::SeqInfo& seq) {
+                                             const BwdSteps& steps, const cuda::SeqInfo& seq,
+                                             const Tile& tile) {
   using cutlass::arch::NamedBarrier;
   constexpr int kHalf = Tr::kDqHalf;  // floats of one consumer warpgroup's dQ
-  const int n_block = bwd_n_block(kp.p), h_kv = blockIdx.y, b = blockIdx.z;
+  const int n_block = tile.n_block(kp.p), h_kv = tile.h_kv(), b = tile.b();
   const bool leader = threadIdx.x % 32 == 0;
-  const bool ordered = kp.ws.dq_turn != nullptr;
+  const bool ordered = !Tile::kCompact && kp.ws.dq_turn != nullptr;  // the compact grid is never deterministic
   for (int wg = 0; wg < 2; ++wg) NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::dq_empty_barrier(wg));
   for (int s = 0; s < steps.total; ++s) {
     // The step's turn (deterministic), found while the consumers still compute its dQ.
@@ -181,11 +183,11 @@ __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, type
 }
 
 // ---- consumers: warpgroups 1 and 2 ----------------------------------------------------------
-template <class Tr, bool kSoftcap>
+template <class Tr, bool kSoftcap, class Tile>
 __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typename Tr::SharedStorage& ss,
                                             typename Tr::PipelineQ& pipeline_q,
                                             typename Tr::PipelineQ& pipeline_do, const BwdSteps& steps,
-                                            const cuda::SeqInfo& seq, int ctid) {
+                                            const cuda::SeqInfo& seq, const Tile& tile, int ctid) {
   using cutlass::arch::NamedBarrier;
   using Element = typename Tr::Element;
   using BlkM = typename Tr::BlkM;
@@ -193,7 +195,7 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   using HeadDim = typename Tr::HeadDim;
   constexpr int kM = Tr::kBlockM, kN = Tr::kBlockN;
   const BwdParams& p = kp.p;
-  const int n_block = bwd_n_block(kp.p);
+  const int n_block = tile.n_block(kp.p);
   const int len_k = seq.len_k;
 
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Tr::SmemLayoutQ{});       // (BLK_M, D, STAGES)
@@ -209,21 +211,28 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   typename Tr::TiledMmaSdP mma_sdp;
   typename Tr::TiledMmaDkv mma_dkv;
   typename Tr::TiledMmaDq mma_dq;
+  // The shared-memory operands (descriptors) depend only on the warpgroup: built from its
+  // first thread's slice, with the index broadcast from lane 0, the compiler sees a
+  // warp-uniform value and keeps the descriptors in uniform registers (from a per-thread
+  // index it builds them in vector registers and moves each one with R2UR before its wgmma).
+  // The accumulators' slices stay per thread.
+  const int wg = __shfl_sync(0xffffffffu, ctid / 128, 0);
+  auto wg_sdp = mma_sdp.get_slice(wg * 128);
+  auto wg_dkv = mma_dkv.get_slice(wg * 128);
+  auto wg_dq = mma_dq.get_slice(wg * 128);  // both dQ splits put thread t in warpgroup t / 128
   auto thr_sdp = mma_sdp.get_thread_slice(ctid);
   // dS's store: the Sᵀ accumulator's thread layout, transposed into shared memory by stmatrix.
   auto r2s_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_sdp);
   auto r2s_ds_thr = r2s_ds.get_thread_slice(ctid);
   auto thr_dkv = mma_dkv.get_thread_slice(ctid);
-  auto thr_dq = mma_dq.get_thread_slice(ctid);
-  // Operands (shared-memory descriptors).
-  Tensor tSrK = thr_sdp.partition_fragment_A(sK);     // (MMA, MMA_N, MMA_D)
-  Tensor tSrV = thr_sdp.partition_fragment_A(sV);     // (MMA, MMA_N, MMA_D)
-  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (MMA, MMA_M, MMA_D, STAGES)
-  Tensor tSrDo = thr_sdp.partition_fragment_B(sDo);   // (MMA, MMA_M, MMA_D, STAGES)
-  Tensor tDkvrQt = thr_dkv.partition_fragment_B(sQt);    // (MMA, MMA_D, MMA_M, STAGES)
-  Tensor tDkvrDot = thr_dkv.partition_fragment_B(sDot);  // (MMA, MMA_D, MMA_M, STAGES)
-  Tensor tDqrDs = thr_dq.partition_fragment_A(sDs);      // (MMA, MMA_M, MMA_N, STAGES)
-  Tensor tDqrKt = thr_dq.partition_fragment_B(sKt);      // (MMA, MMA_D, MMA_N)
+  Tensor tSrK = wg_sdp.partition_fragment_A(sK);     // (MMA, MMA_N, MMA_D)
+  Tensor tSrV = wg_sdp.partition_fragment_A(sV);     // (MMA, MMA_N, MMA_D)
+  Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);     // (MMA, MMA_M, MMA_D, STAGES)
+  Tensor tSrDo = wg_sdp.partition_fragment_B(sDo);   // (MMA, MMA_M, MMA_D, STAGES)
+  Tensor tDkvrQt = wg_dkv.partition_fragment_B(sQt);    // (MMA, MMA_D, MMA_M, STAGES)
+  Tensor tDkvrDot = wg_dkv.partition_fragment_B(sDot);  // (MMA, MMA_D, MMA_M, STAGES)
+  Tensor tDqrDs = wg_dq.partition_fragment_A(sDs);      // (MMA, MMA_M, MMA_N, STAGES)
+  Tensor tDqrKt = wg_dq.partition_fragment_B(sKt);      // (MMA, MMA_D, MMA_N)
   // Where this thread's values of Sᵀ sit: (key, query) in the (BLK_N, BLK_M) tile.
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<BlkN, BlkM>{}));  // (MMA, MMA_N, MMA_M)
   Tensor tDkvcDkv = thr_dkv.partition_C(make_identity_tensor(Shape<BlkN, HeadDim>{}));  // (MMA, MMA_N, MMA_D)
@@ -280,7 +289,6 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     ++state_do;
     // dQ into this warpgroup's half of the shared stage (free once the dQ warp's last bulk
     // reduce of it has read it).
-    const int wg = ctid / 128;
     NamedBarrier::sync(Tr::kDqBarrierThreads, Tr::dq_empty_barrier(wg));
     static_assert(decltype(size(acc_dq))::value % 4 == 0 && decltype(size(acc_dq))::value * 128 == Tr::kDqHalf);
     CUTE_UNROLL
@@ -294,23 +302,33 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     ++state_q;
   }
 
-  bwd_store_dkv<Tr>(p, seq, n_block, acc_dk, acc_dv, tDkvcDkv);  // dK = scale · Σ dSᵀ Q, dV
+  bwd_store_dkv<Tr>(p, seq, tile, n_block, acc_dk, acc_dv, tDkvcDkv);  // dK = scale · Σ dSᵀ Q, dV
 }
 
 // ---- the kernel --------------------------------------------------------------------------
-// grid (ceil(seqlen_k / kBlockN), heads_kv, batch), kNThreads threads, one CTA per SM. Two
-// kernels per instance, with and without softcap: a runtime branch between the two
-// elementwise schedules kept both in the consumer loop, past its 240 registers at head dim 64.
-template <class Tr, bool kSoftcap>
+// grid (ceil(seqlen_k / kBlockN), heads_kv, batch), or with kCompact (varlen, not
+// deterministic) (bwd_varlen_blocks, heads_kv): one CTA per key block that exists
+// (bwd_steps.cuh). kNThreads threads, one CTA per SM. Two kernels per grid, with and without
+// softcap: a runtime branch between the two elementwise schedules kept both in the consumer
+// loop, past its 240 registers at head dim 64.
+template <class Tr, bool kSoftcap, bool kCompact = false>
 __global__ void __launch_bounds__(Tr::kNThreads, 1)
     bwd_kernel(const __grid_constant__ BwdKernelParams<Tr> kp) {
   using PipelineQ = typename Tr::PipelineQ;
   extern __shared__ __align__(1024) unsigned char smem[];
   auto& ss = *reinterpret_cast<typename Tr::SharedStorage*>(smem);
+  const auto tile = [&] {
+    if constexpr (kCompact)
+      return bwd_varlen_tile(kp.p, Tr::kBlockN);
+    else
+      return BwdGridTile{};
+  }();
+  if constexpr (kCompact)
+    if (tile.b() < 0) return;  // past the real count of key blocks: the whole CTA, before any barrier
   const int warp_group = cutlass::canonical_warp_group_idx();
   const bool producer = warp_group == 0;
-  const cuda::SeqInfo seq = cuda::seq_info(kp.p, blockIdx.z);
-  const BwdSteps steps(kp.p, seq, bwd_n_block(kp.p), Tr::kBlockM, Tr::kBlockN);
+  const cuda::SeqInfo seq = cuda::seq_info(kp.p, tile.b());
+  const BwdSteps steps(kp.p, seq, tile.n_block(kp.p), Tr::kBlockM, Tr::kBlockN);
 
   if (threadIdx.x == 0) cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
   // A stage holds a tile and its rows' LSE (or D).
@@ -325,15 +343,16 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Tr::kProducerRegs>();
     const int warp = cutlass::canonical_warp_idx_sync();
-    if (warp == 0 && threadIdx.x == 0 && steps.total > 0) bwd_load<Tr>(kp, ss, pipeline_q, pipeline_do, steps, seq);
+    if (warp == 0 && threadIdx.x == 0 && steps.total > 0)
+      bwd_load<Tr>(kp, ss, pipeline_q, pipeline_do, steps, seq, tile);
     if constexpr (!Tr::kDqAtomic)
-      if (warp == 1 && steps.total > 0) bwd_store_dq<Tr>(kp, ss, steps, seq);
+      if (warp == 1 && steps.total > 0) bwd_store_dq<Tr>(kp, ss, steps, seq, tile);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Tr::kConsumerRegs>();
     if constexpr (Tr::kWide)
       bwd_consume_wide<Tr, kSoftcap>(kp, ss, pipeline_q, pipeline_do, steps, seq, int(threadIdx.x) - 128);
     else
-      bwd_consume<Tr, kSoftcap>(kp, ss, pipeline_q, pipeline_do, steps, seq, int(threadIdx.x) - 128);
+      bwd_consume<Tr, kSoftcap>(kp, ss, pipeline_q, pipeline_do, steps, seq, tile, int(threadIdx.x) - 128);
   }
 }
 
@@ -447,11 +466,18 @@ Status launch_bwd(const BwdParams& p) {
                                  no_q ? kv_rows : q_rows,
                                  kv_rows,
                                  batch};
-    const auto kernel = p.mask.softcap > 0.f ? bwd_kernel<Tr, true> : bwd_kernel<Tr, false>;
+    // Varlen without the deterministic order: the compact grid (head dims 192 and 256 take no
+    // varlen here, so their step keeps the 3-D grid alone).
+    const bool compact = !Tr::kWide && p.varlen && !p.deterministic;
+    const bool softcap = p.mask.softcap > 0.f;
+    auto kernel = softcap ? bwd_kernel<Tr, true> : bwd_kernel<Tr, false>;
+    if constexpr (!Tr::kWide)
+      if (compact) kernel = softcap ? bwd_kernel<Tr, true, true> : bwd_kernel<Tr, false, true>;
     FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Tr::kSmemBytes));
-    const dim3 grid((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.heads_kv, p.batch);
-    kernel<<<grid, Tr::kNThreads, Tr::kSmemBytes, stream>>>(kp);
+    const dim3 grid = compact ? dim3(unsigned(bwd_varlen_blocks(p, Tr::kBlockN)), p.heads_kv, 1)
+                              : dim3((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.heads_kv, p.batch);
+    if (grid.x > 0) kernel<<<grid, Tr::kNThreads, Tr::kSmemBytes, stream>>>(kp);
     FL_CUDA_CHECK_LAUNCH();
   }
   if (p.seqlen_q > 0) {

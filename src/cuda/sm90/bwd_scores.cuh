@@ -11,6 +11,7 @@
 #include "common/constants.h"
 #include "common/params.h"
 #include "cuda/common.cuh"
+#include "cuda/sm90/bwd_steps.cuh"     // BwdTile
 #include "cuda/sm90/fwd_mainloop.cuh"  // warpgroup_wait_for
 
 namespace flashlab::sm90 {
@@ -124,14 +125,31 @@ struct BwdScores {
 // map gives zeros. Their P and dS are 0 by selection, but the MMAs still multiply those zeros
 // by the rows (0 · NaN = NaN), so the consumers zero the rows from `valid` on in each shared
 // tile first, then make the writes visible to the wgmma (async proxy) reads of both
-// warpgroups.
+// warpgroups. Only those rows, 16 bytes per shared store: the GMMA swizzles permute 16-byte
+// units of the byte address (a swizzle base of 4 bits), so a row's 8 columns from a multiple
+// of 8 stay one aligned 16-byte unit (checked on the tile's layout below).
+template <class Layout, int kRows, int kCols>
+constexpr bool bwd_rows_in_16_bytes() {
+  constexpr Layout l{};
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kCols; c += 8)
+      if (l(r, c) % 8 != 0 || l(r, c + 7) != l(r, c) + 7) return false;
+  return true;
+}
 template <class Tr, class... SmemTiles>
 __device__ __forceinline__ void bwd_zero_rows(int valid, int ctid, SmemTiles... tiles) {
   auto zero = [&](auto tile) {  // (rows, D)
     constexpr int kRows = decltype(size<0>(tile))::value, kCols = decltype(size<1>(tile))::value;
-    for (int e = ctid; e < kRows * kCols; e += Tr::kNConsumerThreads) {
-      const int r = e / kCols, c = e % kCols;
-      if (r >= valid) tile(r, c) = typename Tr::Element(0.f);
+    using Swizzle = get_swizzle_t<decltype(tile.data())>;
+    static_assert(sizeof(typename Tr::Element) == 2 && kCols % 8 == 0 &&
+                      (Swizzle::num_bits == 0 || Swizzle::num_base >= 4) &&
+                      bwd_rows_in_16_bytes<decltype(tile.layout()), kRows, kCols>(),
+                  "8 columns from a multiple of 8 are one aligned 16-byte unit");
+    constexpr int kUnits = kCols / 8;  // per row
+    for (int e = ctid; e < (kRows - valid) * kUnits; e += Tr::kNConsumerThreads) {
+      const int r = valid + e / kUnits, c = e % kUnits * 8;
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(cast_smem_ptr_to_uint(&tile(r, c))), "r"(0)
+                   : "memory");
     }
   };
   (zero(tiles), ...);
@@ -141,11 +159,11 @@ __device__ __forceinline__ void bwd_zero_rows(int valid, int ctid, SmemTiles... 
 
 // ---- epilogue: dK = scale · Σ dSᵀ Q and dV from the consumers' registers; keys past the
 // sequence are not written. c gives each value's (key in the block, d). ----
-template <class Tr, class Acc, class Coord>
-__device__ __forceinline__ void bwd_store_dkv(const BwdParams& p, const cuda::SeqInfo& seq, int n_block,
-                                              const Acc& acc_dk, const Acc& acc_dv, const Coord& c) {
+template <class Tr, class Tile, class Acc, class Coord>
+__device__ __forceinline__ void bwd_store_dkv(const BwdParams& p, const cuda::SeqInfo& seq, const Tile& tile,
+                                              int n_block, const Acc& acc_dk, const Acc& acc_dv, const Coord& c) {
   using Element = typename Tr::Element;
-  const int h_kv = blockIdx.y, b = blockIdx.z;
+  const int h_kv = tile.h_kv(), b = tile.b();
   Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + seq.start_k * p.dk_row_stride +
                 h_kv * p.dk_head_stride;
   Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + seq.start_k * p.dv_row_stride +
@@ -157,6 +175,12 @@ __device__ __forceinline__ void bwd_store_dkv(const BwdParams& p, const cuda::Se
     dk[int64_t(key) * p.dk_row_stride + d] = Element(acc_dk(e) * p.scale);
     dv[int64_t(key) * p.dv_row_stride + d] = Element(acc_dv(e));
   }
+}
+// The 3-D grid's CTA (bwd_consume_wide).
+template <class Tr, class Acc, class Coord>
+__device__ __forceinline__ void bwd_store_dkv(const BwdParams& p, const cuda::SeqInfo& seq, int n_block,
+                                              const Acc& acc_dk, const Acc& acc_dv, const Coord& c) {
+  bwd_store_dkv<Tr>(p, seq, BwdGridTile{}, n_block, acc_dk, acc_dv, c);
 }
 
 }  // namespace flashlab::sm90

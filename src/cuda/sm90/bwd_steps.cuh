@@ -50,6 +50,66 @@ __device__ __forceinline__ bool bwd_descending(const BwdParams& p) {
 __device__ __forceinline__ int bwd_n_block(const BwdParams& p) {
   return bwd_descending(p) ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
 }
+// The CTA's work, key block n_block(p) of KV head h_kv() of batch entry b(), in one of two
+// forms that every reader takes alike.
+// The 3-D grid (key blocks, KV heads, batch): dense problems and the deterministic mode,
+// whose turns (bwd_turn) rely on the launch order of the key blocks. It reads blockIdx
+// where each value is used.
+struct BwdGridTile {
+  static constexpr bool kCompact = false;
+  __device__ int b() const { return int(blockIdx.z); }
+  __device__ int h_kv() const { return int(blockIdx.y); }
+  __device__ int n_block(const BwdParams& p) const { return bwd_n_block(p); }
+};
+// The compact grid's (bwd_varlen_tile): b() < 0 is a CTA without a key block.
+struct BwdTile {
+  static constexpr bool kCompact = true;
+  int b_, h_kv_, n_block_;
+  __device__ int b() const { return b_; }
+  __device__ int h_kv() const { return h_kv_; }
+  __device__ int n_block(const BwdParams&) const { return n_block_; }
+};
+// Varlen (not deterministic): grid (an upper bound on Σ_b ⌈len_k(b)/block_n⌉, KV heads), one
+// CTA per key block that exists, batch entry by batch entry and key block 0 first in each.
+// Each warp maps blockIdx.x back to (b, n_block) by itself (no barrier is needed): 32 entries
+// at a time, each lane one entry's block count (its len_k clamped as cuda::seq_info does), a
+// warp-inclusive scan, and the first lane whose running sum passes the index. A CTA past the
+// real count (the bound counts a partial block per entry) gets b = −1 and exits.
+__device__ __forceinline__ BwdTile bwd_varlen_tile(const BwdParams& p, int block_n) {
+  const int lane = int(threadIdx.x % 32);
+  int rest = int(blockIdx.x);  // the index among the blocks of the entries not yet passed
+  for (int base = 0; base < p.batch; base += 32) {
+    const int b = base + lane;
+    int blocks = 0;
+    if (b < p.batch) {
+      const int64_t start = cuda::clamp64(p.cu_seqlens_k[b], 0, p.total_k);
+      const int64_t len = cuda::clamp64(cuda::clamp64(p.cu_seqlens_k[b + 1], 0, p.total_k) - start, 0, p.seqlen_k);
+      blocks = int((len + block_n - 1) / block_n);
+    }
+    int incl = blocks;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int up = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += up;
+    }
+    const unsigned past = __ballot_sync(0xffffffffu, incl > rest);
+    if (past != 0) {
+      const int owner = __ffs(past) - 1;
+      const int before = __shfl_sync(0xffffffffu, incl - blocks, owner);
+      return {base + owner, int(blockIdx.y), rest - before};
+    }
+    rest -= __shfl_sync(0xffffffffu, incl, 31);
+  }
+  return {-1, int(blockIdx.y), 0};
+}
+// The compact grid's x extent, on the host from the arguments alone: Σ_b ⌈len_k(b)/block_n⌉
+// <= (total_k + batch·(block_n − 1)) / block_n for well-formed cu_seqlens (docs/DESIGN.md),
+// and never more than the 3-D grid's batch·⌈seqlen_k/block_n⌉.
+inline int64_t bwd_varlen_blocks(const BwdParams& p, int block_n) {
+  const int64_t packed = (p.total_k + int64_t(p.batch) * (block_n - 1)) / block_n;
+  const int64_t padded = int64_t(p.batch) * ((p.seqlen_k + block_n - 1) / block_n);
+  return packed < padded ? packed : padded;
+}
 __device__ __forceinline__ int bwd_turn(const BwdParams& p, const cuda::SeqInfo& seq, int n_block, int m,
                                         int block_m, int block_n) {
   auto visits = [&](int n) { return BwdSteps(p, seq, n, block_m, block_n).visits(m); };

@@ -70,20 +70,24 @@ __device__ __forceinline__ void bwd_consume_wide(const KernelParams& kp, typenam
   typename Tr::TiledMmaDq mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(ctid);
   auto thr_dkv = mma_dkv.get_thread_slice(ctid);
-  auto thr_dq = mma_dq.get_thread_slice(ctid);
+  // The shared-memory operands depend only on the warpgroup: from its first thread's slice,
+  // the index broadcast from lane 0, they stay warp-uniform (no per-wgmma R2UR).
+  const int wg = __shfl_sync(0xffffffffu, ctid / 128, 0);
+  auto wg_sdp = mma_sdp.get_slice(wg * 128);
+  auto wg_dkv = mma_dkv.get_slice(wg * 128);
+  auto wg_dq = mma_dq.get_slice(wg * 128);
   // P's and dS's stores: the S accumulator's thread layout, rows of 8 keys by stmatrix.
   auto r2s = make_tiled_copy_C(Copy_Atom<typename Tr::StsmPdS, Element>{}, mma_sdp);
   auto r2s_thr = r2s.get_thread_slice(ctid);
-  // Operands (shared-memory descriptors).
-  Tensor tSrQ = thr_sdp.partition_fragment_A(sQ);        // (MMA, MMA_M, MMA_D, STAGES)
-  Tensor tSrDo = thr_sdp.partition_fragment_A(sDo);      // (MMA, MMA_M, MMA_D, 1)
-  Tensor tSrK = thr_sdp.partition_fragment_B(sK);        // (MMA, MMA_N, MMA_D)
-  Tensor tSrV = thr_sdp.partition_fragment_B(sV);        // (MMA, MMA_N, MMA_D)
-  Tensor tDkvrQt = thr_dkv.partition_fragment_A(sQt);    // (MMA, MMA_D, MMA_M, STAGES)
-  Tensor tDkvrDot = thr_dkv.partition_fragment_A(sDot);  // (MMA, MMA_D, MMA_M, 1)
-  Tensor tDkvrPt = thr_dkv.partition_fragment_B(sPt);    // (MMA, MMA_N, MMA_M, S)
-  Tensor tDkvrDst = thr_dkv.partition_fragment_B(sDst);  // (MMA, MMA_N, MMA_M, S)
-  Tensor tDqrDs = thr_dq.partition_fragment_A(sDs);      // (MMA, MMA_M, MMA_N, S)
+  Tensor tSrQ = wg_sdp.partition_fragment_A(sQ);        // (MMA, MMA_M, MMA_D, STAGES)
+  Tensor tSrDo = wg_sdp.partition_fragment_A(sDo);      // (MMA, MMA_M, MMA_D, 1)
+  Tensor tSrK = wg_sdp.partition_fragment_B(sK);        // (MMA, MMA_N, MMA_D)
+  Tensor tSrV = wg_sdp.partition_fragment_B(sV);        // (MMA, MMA_N, MMA_D)
+  Tensor tDkvrQt = wg_dkv.partition_fragment_A(sQt);    // (MMA, MMA_D, MMA_M, STAGES)
+  Tensor tDkvrDot = wg_dkv.partition_fragment_A(sDot);  // (MMA, MMA_D, MMA_M, 1)
+  Tensor tDkvrPt = wg_dkv.partition_fragment_B(sPt);    // (MMA, MMA_N, MMA_M, S)
+  Tensor tDkvrDst = wg_dkv.partition_fragment_B(sDst);  // (MMA, MMA_N, MMA_M, S)
+  Tensor tDqrDs = wg_dq.partition_fragment_A(sDs);      // (MMA, MMA_M, MMA_N, S)
   // Where this thread's values of S sit, keys first: (key, query), as BwdScores reads them.
   Tensor tScS = thr_sdp.partition_C(
       make_coord_tensor(make_layout(Shape<BlkM, BlkN>{}, make_stride(E<1>{}, E<0>{}))));  // (MMA, MMA_M, MMA_N)
@@ -103,7 +107,7 @@ __device__ __forceinline__ void bwd_consume_wide(const KernelParams& kp, typenam
                 "the slabs cover the block, four values per reduction");
   // Slab j's B operand: Kᵀ's rows of the slab's columns, over all keys.
   auto slab_b = [&](int j) {
-    return thr_dq.partition_fragment_B(local_tile(sKt, Shape<typename Tr::SlabCols, BlkN>{}, make_coord(j, 0)));
+    return wg_dq.partition_fragment_B(local_tile(sKt, Shape<typename Tr::SlabCols, BlkN>{}, make_coord(j, 0)));
   };
   auto reduce_slab = [&](float* block, int j) {
     warpgroup_fence_operand(acc_dq);

@@ -321,11 +321,17 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
 
   typename Tr::TiledMmaQK mma_qk;
   typename Tr::TiledMmaPV mma_pv;
+  // The consumer warpgroup, broadcast from lane 0 so that ptxas can prove it warp-uniform:
+  // the shared-memory descriptors, built from the warpgroup's first thread's slice, and the
+  // pingpong barrier ids then stay in uniform registers (from a per-thread index they are
+  // built in vector registers and moved by R2UR before each use).
+  const int wg = __shfl_sync(0xffffffffu, ctid / 128, 0);
   auto thr_qk = mma_qk.get_thread_slice(ctid);
-  auto thr_pv = mma_pv.get_thread_slice(ctid);
-  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_D): descriptors
-  Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_D, STAGES)
-  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_N, STAGES)
+  auto wg_qk = mma_qk.get_slice(wg * 128);
+  auto wg_pv = mma_pv.get_slice(wg * 128);
+  Tensor tSrQ = wg_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_D): descriptors
+  Tensor tSrK = wg_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_D, STAGES)
+  Tensor tOrV = wg_pv.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_N, STAGES)
   Tensor acc_o = partition_fragment_C(mma_pv, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
   clear(acc_o);
 
@@ -340,7 +346,6 @@ __device__ __forceinline__ void consume(const FwdParams& p, const EpilogueParams
   // Softcap: logit = cap·tanh(s·scale / cap), so the softmax sees tanh(·) scaled by cap·log2 e.
   const float scale_log2 = kSoftcap ? mask.softcap * kLog2e : p.scale_log2;
   const float softcap_pre = kSoftcap ? p.scale / mask.softcap : 0.f;
-  const int wg = ctid / 128;
   Turns<Tr> turns{wg};
 
   Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)

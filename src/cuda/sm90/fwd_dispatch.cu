@@ -45,8 +45,8 @@ constexpr char kSummary[] =
     "at head dim 64) with setmaxnreg, pingpong, intra-warpgroup overlap, lazy rescaling; "
     "fp16/bf16, head dim 64/128/256, causal, window, softcap, GQA/MQA, varlen, LSE; backward at "
     "head dims 64, 96 and 128 (keys per CTA, P and dS as register operands, dQ by bulk reduce-add), varlen, "
-    "deterministic on request, and 192 and 256 (dense, causal or none; P and dS through shared memory, dQ by "
-    "atomics); otherwise auto runs cute_fa2's backward";
+    "deterministic on request, and 192 and 256 (P and dS through shared memory, dQ by atomics, not "
+    "deterministic); otherwise auto runs cute_fa2's backward";
 
 // The head dims cute_fa3 has instantiations for.
 constexpr int kHeadDims[] = {64, 128, 256};

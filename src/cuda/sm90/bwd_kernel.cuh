@@ -466,8 +466,8 @@ Status launch_bwd(const BwdParams& p) {
                                  no_q ? kv_rows : q_rows,
                                  kv_rows,
                                  batch};
-    // Varlen without the deterministic order: the compact grid (head dims 192 and 256 take no
-    // varlen here, so their step keeps the 3-D grid alone).
+    // Varlen without the deterministic order: the compact grid, up to head dim 128 (the wide
+    // step of head dims 192 and 256 runs varlen on the 3-D grid).
     const bool compact = !Tr::kWide && p.varlen && !p.deterministic;
     const bool softcap = p.mask.softcap > 0.f;
     auto kernel = softcap ? bwd_kernel<Tr, true> : bwd_kernel<Tr, false>;

@@ -100,6 +100,8 @@ __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename
   cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&ss.barrier_kv, 2 * Tr::kTmaBytesKV);
   copy(kp.tma_k.with(ss.barrier_kv), tKgK, tKsK);
   copy(kp.tma_v.with(ss.barrier_kv), tVgV, tVsV);
+  // K and V are the caller's; LSE and D are the preprocess's, which may still be running.
+  bwd_wait_for_prior_grid();
   auto state_q = cutlass::make_producer_start_state<typename Tr::PipelineQ>();
   auto state_do = cutlass::make_producer_start_state<typename Tr::PipelineDo>();
   // One ring stage: a (BLK_M, D) tile by TMA and its rows' LSE (or D) by a bulk copy, both
@@ -138,6 +140,7 @@ __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, type
   const int n_block = tile.n_block(kp.p), h_kv = tile.h_kv(), b = tile.b();
   const bool leader = threadIdx.x % 32 == 0;
   const bool ordered = !Tile::kCompact && kp.ws.dq_turn != nullptr;  // the compact grid is never deterministic
+  bwd_wait_for_prior_grid();  // the preprocess cleared the accumulator (and the turns)
   for (int wg = 0; wg < 2; ++wg) NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::dq_empty_barrier(wg));
   for (int s = 0; s < steps.total; ++s) {
     // The step's turn (deterministic), found while the consumers still compute its dQ.
@@ -224,7 +227,6 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   // dS's store: the Sᵀ accumulator's thread layout, transposed into shared memory by stmatrix.
   auto r2s_ds = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_sdp);
   auto r2s_ds_thr = r2s_ds.get_thread_slice(ctid);
-  auto thr_dkv = mma_dkv.get_thread_slice(ctid);
   Tensor tSrK = wg_sdp.partition_fragment_A(sK);     // (MMA, MMA_N, MMA_D)
   Tensor tSrV = wg_sdp.partition_fragment_A(sV);     // (MMA, MMA_N, MMA_D)
   Tensor tSrQ = wg_sdp.partition_fragment_B(sQ);     // (MMA, MMA_M, MMA_D, STAGES)
@@ -235,7 +237,6 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   Tensor tDqrKt = wg_dq.partition_fragment_B(sKt);      // (MMA, MMA_D, MMA_N)
   // Where this thread's values of Sᵀ sit: (key, query) in the (BLK_N, BLK_M) tile.
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<BlkN, BlkM>{}));  // (MMA, MMA_N, MMA_M)
-  Tensor tDkvcDkv = thr_dkv.partition_C(make_identity_tensor(Shape<BlkN, HeadDim>{}));  // (MMA, MMA_N, MMA_D)
 
   Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<BlkN, HeadDim>{});  // (MMA, MMA_N, MMA_D)
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<BlkN, HeadDim>{});
@@ -302,7 +303,9 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     ++state_q;
   }
 
-  bwd_store_dkv<Tr>(p, seq, tile, n_block, acc_dk, acc_dv, tDkvcDkv);  // dK = scale · Σ dSᵀ Q, dV
+  // dK = scale · Σ dSᵀ Q and dV, staged in K's and V's tiles once both warpgroups' MMAs are done.
+  NamedBarrier::sync(Tr::kNConsumerThreads, Tr::kEpilogueBarrier);
+  bwd_store_dkv_staged<Tr>(p, seq, tile, n_block, acc_dk, acc_dv, mma_dkv, sK, sV, ctid);
 }
 
 // ---- the kernel --------------------------------------------------------------------------
@@ -330,7 +333,16 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   const cuda::SeqInfo seq = cuda::seq_info(kp.p, tile.b());
   const BwdSteps steps(kp.p, seq, tile.n_block(kp.p), Tr::kBlockM, Tr::kBlockN);
 
-  if (threadIdx.x == 0) cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
+  if (threadIdx.x == 0) {
+    cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
+    bwd_launch_dependents();  // the postprocess may be scheduled once every CTA here runs
+    if (steps.total > 0) {  // the four tensor maps into the descriptor cache before their first copy
+      cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
+    }
+  }
   // A stage holds a tile and its rows' LSE (or D).
   constexpr uint32_t kStageBytes = Tr::kTmaBytesQ + Tr::kRowBytes;
   PipelineQ pipeline_q(ss.pipeline_q, tma_pipeline_params<PipelineQ>(producer, kStageBytes, Tr::kNConsumerThreads),
@@ -373,6 +385,7 @@ __global__ void __launch_bounds__(Tr::kNConsumerThreads)
   constexpr int kParts = kM * (kD + 4) * 4 > kStatic && kReps % 2 == 0 ? 2 : 1, kCols = kD / kParts;
   constexpr int kLd = kM * (kCols + 4) * 4 <= kStatic ? kCols + 4 : kCols;  // a staged row (16-byte aligned)
   __shared__ __align__(16) float tile[kM * kLd];
+  bwd_wait_for_prior_grid();  // the main kernel's adds are done
   const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
   const cuda::SeqInfo seq = cuda::seq_info(p, b);
   if (m * kM >= seq.len_q) return;  // varlen: a sequence shorter than the longest
@@ -429,10 +442,28 @@ Status launch_bwd(const BwdParams& p) {
   const auto stream = static_cast<cudaStream_t>(p.stream);
   const BwdRows ws = bwd_rows(p, Tr::kBlockM);
   const int rows_per_seq = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM * Tr::kBlockM;
-  const dim3 rows_grid((rows_per_seq + 7) / 8, p.heads_q, p.batch);
+  constexpr int kPreRows = BwdPreprocessShape<Tr::kHeadDim>::kRowsPerCta;
+  const dim3 rows_grid((rows_per_seq + kPreRows - 1) / kPreRows, p.heads_q, p.batch);
+  // Each kernel after the first is launched as the previous one's programmatic dependent
+  // (bwd_launch_dependents) when there is a previous one of the three.
+  bool after = false;
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  auto config = [&](dim3 grid, int threads, int smem) {
+    cudaLaunchConfig_t c{};
+    c.gridDim = grid;
+    c.blockDim = dim3(unsigned(threads));
+    c.dynamicSmemBytes = size_t(smem);
+    c.stream = stream;
+    c.attrs = after ? pdl : nullptr;
+    c.numAttrs = after ? 1 : 0;
+    return c;
+  };
   if (rows_per_seq > 0) {
     bwd_preprocess_kernel<Element, Tr::kHeadDim><<<rows_grid, 256, 0, stream>>>(p, ws);
     FL_CUDA_CHECK_LAUNCH();
+    after = true;
   }
   if (p.seqlen_k > 0) {
     // Varlen: all sequences packed in rows, one "batch" (the kernel offsets by cu_seqlens).
@@ -477,13 +508,16 @@ Status launch_bwd(const BwdParams& p) {
                                        Tr::kSmemBytes));
     const dim3 grid = compact ? dim3(unsigned(bwd_varlen_blocks(p, Tr::kBlockN)), p.heads_kv, 1)
                               : dim3((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.heads_kv, p.batch);
-    if (grid.x > 0) kernel<<<grid, Tr::kNThreads, Tr::kSmemBytes, stream>>>(kp);
-    FL_CUDA_CHECK_LAUNCH();
+    if (grid.x > 0) {
+      const cudaLaunchConfig_t c = config(grid, Tr::kNThreads, Tr::kSmemBytes);
+      FL_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, kp));
+      after = true;
+    }
   }
   if (p.seqlen_q > 0) {
-    bwd_postprocess_kernel<Tr><<<dim3((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, p.heads_q, p.batch),
-                                 Tr::kNConsumerThreads, 0, stream>>>(p, ws);
-    FL_CUDA_CHECK_LAUNCH();
+    const cudaLaunchConfig_t c =
+        config(dim3((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, p.heads_q, p.batch), Tr::kNConsumerThreads, 0);
+    FL_CUDA_CHECK(cudaLaunchKernelEx(&c, bwd_postprocess_kernel<Tr>, p, ws));
   }
   return {};
 }

@@ -2,11 +2,13 @@
 //   preprocess   D = rowsum(dO ∘ O) and LSE·log2 e per query row, the dQ accumulator cleared
 // (the postprocess, dQ = softmax_scale · the accumulator rounded to the input type, reads
 // the accumulator in the main kernel's fragment order: bwd_kernel.cuh). The preprocess is a
-// SIMT kernel, one warp per row: it reads O and dO once, a few percent of the main kernel's
-// bytes.
+// SIMT kernel of 16-byte loads and stores: it reads O and dO once and clears the accumulator,
+// memory-bound work of a few percent of the main kernel's time.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <cute/config.hpp>  // CUTE_UNROLL
 
 #include <cstddef>
 #include <cstdint>
@@ -80,34 +82,71 @@ inline BwdRows bwd_rows(const BwdParams& p, int block_m) {
           bwd_packed_rows(p, block_m), block_m};
 }
 
-// grid (ceil(seqlen_q / 8), heads_q, batch), 256 threads: warp w takes row 8·blockIdx.x + w
-// of the sequence's whole query blocks (rows past the sequence are the last block's padding).
+// Programmatic dependent launch (sm_90): the preprocess lets the main kernel start once all
+// its CTAs are running, the main kernel lets the postprocess start once its own are; a
+// kernel launched so waits for the one before it to finish (and its writes to be visible)
+// only where it reads them. Without the launch attribute both are no-ops.
+__device__ __forceinline__ void bwd_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void bwd_wait_for_prior_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// The preprocess's shape: kThreadsPerRow threads share a row, each with 16 bytes of O and dO
+// (kHeadDim / 8 of them carry data, a power of two for the shuffle reduction), and a CTA of
+// 256 threads walks kRowsPerCta rows, kIters rows per thread group, loads unrolled.
+template <int kHeadDim>
+struct BwdPreprocessShape {
+  static constexpr int kChunks = kHeadDim / 8;
+  static constexpr int kThreadsPerRow = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+  static constexpr int kGroups = 256 / kThreadsPerRow;
+  static constexpr int kRowsPerCta = 64;
+  static constexpr int kIters = kRowsPerCta / kGroups;
+  static_assert(kHeadDim % 8 == 0 && kChunks <= 32 && kRowsPerCta % kGroups == 0);
+};
+
+// grid (ceil(rows / kRowsPerCta), heads_q, batch), 256 threads, over the sequence's whole
+// query blocks (rows past the sequence are the last block's padding).
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const __grid_constant__ BwdParams p,
                                                              BwdRows ws) {
-  const int b = blockIdx.z, h = blockIdx.y, lane = threadIdx.x % 32;
-  const int i = blockIdx.x * 8 + threadIdx.x / 32;
+  using Pre = BwdPreprocessShape<kHeadDim>;
+  bwd_launch_dependents();
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int sub = threadIdx.x % Pre::kThreadsPerRow, group = threadIdx.x / Pre::kThreadsPerRow;
   const cuda::SeqInfo seq = cuda::seq_info(p, b);
-  if (i >= (seq.len_q + ws.block_m - 1) / ws.block_m * ws.block_m) return;
-  const int64_t r = ws.row(p, seq, b, h) + i;
-  float* dq = ws.dq_accum + r * kHeadDim;
-  for (int d = lane; d < kHeadDim; d += 32) dq[d] = 0.f;
-  if (ws.dq_turn != nullptr && lane == 0 && i % ws.block_m == 0) *ws.turn(p, seq, b, h, i / ws.block_m) = 0;
-  float dsum = 0.f;
-  const int64_t row = seq.start_q + i;
-  if (i < seq.len_q) {
-    const Element* o = static_cast<const Element*>(p.out) + b * p.o_batch_stride + row * p.o_row_stride +
-                       h * p.o_head_stride;
-    const Element* dout = static_cast<const Element*>(p.dout) + b * p.do_batch_stride +
-                          row * p.do_row_stride + h * p.do_head_stride;
-    for (int d = lane; d < kHeadDim; d += 32) dsum += float(o[d]) * float(dout[d]);
+  const int padded = (seq.len_q + ws.block_m - 1) / ws.block_m * ws.block_m;
+  const int64_t first = ws.row(p, seq, b, h);
+  const Element* o = static_cast<const Element*>(p.out) + b * p.o_batch_stride + seq.start_q * p.o_row_stride +
+                     h * p.o_head_stride;
+  const Element* dout = static_cast<const Element*>(p.dout) + b * p.do_batch_stride +
+                        seq.start_q * p.do_row_stride + h * p.do_head_stride;
+  float dsum[Pre::kIters];
+  CUTE_UNROLL
+  for (int it = 0; it < Pre::kIters; ++it) {
+    const int i = blockIdx.x * Pre::kRowsPerCta + it * Pre::kGroups + group;
+    dsum[it] = 0.f;
+    if (i < seq.len_q && sub < Pre::kChunks) {  // 16-byte loads: the API checks the alignment
+      alignas(16) Element ov[8], dv[8];
+      *reinterpret_cast<uint4*>(ov) = *reinterpret_cast<const uint4*>(o + int64_t(i) * p.o_row_stride + sub * 8);
+      *reinterpret_cast<uint4*>(dv) = *reinterpret_cast<const uint4*>(dout + int64_t(i) * p.do_row_stride + sub * 8);
+      CUTE_UNROLL
+      for (int j = 0; j < 8; ++j) dsum[it] += float(ov[j]) * float(dv[j]);
+    }
+    if (i < padded) {
+      float4* dq = reinterpret_cast<float4*>(ws.dq_accum + (first + i) * kHeadDim);
+      for (int f = sub; f < kHeadDim / 4; f += Pre::kThreadsPerRow) dq[f] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
-  for (int s = 16; s > 0; s /= 2) dsum += __shfl_xor_sync(0xffffffffu, dsum, s);
-  if (lane == 0) {
-    ws.dsum[r] = dsum;
+  CUTE_UNROLL
+  for (int it = 0; it < Pre::kIters; ++it) {
+    CUTE_UNROLL
+    for (int s = Pre::kThreadsPerRow / 2; s > 0; s /= 2) dsum[it] += __shfl_xor_sync(0xffffffffu, dsum[it], s);
+    const int i = blockIdx.x * Pre::kRowsPerCta + it * Pre::kGroups + group;
+    if (sub != 0 || i >= padded) continue;
+    const int64_t r = first + i;
+    ws.dsum[r] = dsum[it];
     const float lse =
-        i < seq.len_q ? p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row] : -INFINITY;
+        i < seq.len_q ? p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + seq.start_q + i] : -INFINITY;
     ws.lse_log2[r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    if (ws.dq_turn != nullptr && i % ws.block_m == 0) *ws.turn(p, seq, b, h, i / ws.block_m) = 0;
   }
 }
 

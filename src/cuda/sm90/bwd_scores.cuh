@@ -1,6 +1,6 @@
 // The Hopper backward's per-element work, shared by both consumer steps (bwd_consume in
 // bwd_kernel.cuh, bwd_consume_wide in bwd_wide.cuh): P and dS from the scores (BwdScores),
-// the zeroing of a ragged varlen tile's rows, and the dK/dV epilogue.
+// the zeroing of a ragged varlen tile's rows, and the dK/dV epilogues.
 #pragma once
 
 #include <climits>
@@ -157,12 +157,60 @@ __device__ __forceinline__ void bwd_zero_rows(int valid, int ctid, SmemTiles... 
   cutlass::arch::NamedBarrier::sync(Tr::kNConsumerThreads, Tr::kZeroedBarrier);
 }
 
-// ---- epilogue: dK = scale · Σ dSᵀ Q and dV from the consumers' registers; keys past the
-// sequence are not written. c gives each value's (key in the block, d). ----
-template <class Tr, class Tile, class Acc, class Coord>
-__device__ __forceinline__ void bwd_store_dkv(const BwdParams& p, const cuda::SeqInfo& seq, const Tile& tile,
-                                              int n_block, const Acc& acc_dk, const Acc& acc_dv, const Coord& c) {
+// ---- epilogues: dK = scale · Σ dSᵀ Q and dV, from the consumers' registers; keys past the
+// sequence are not written ----
+// bwd_consume's (head dims 64-128): staged through shared memory so that global memory gets
+// whole 16-byte chunks of each row. Once both warpgroups' last MMAs have read K and V (the
+// caller's barrier), their tiles take dK and dV: stmatrix writes the accumulators' 8×8
+// tiles as 16-byte rows into the same swizzled layouts, then every consumer thread copies
+// 16-byte chunks out, consecutive threads along a row. From registers the stores were 2 bytes
+// each, a warp's instruction touching 8 rows.
+template <class Tr, class Tile, class Acc, class TiledMma, class SmemK, class SmemV>
+__device__ __forceinline__ void bwd_store_dkv_staged(const BwdParams& p, const cuda::SeqInfo& seq, const Tile& tile,
+                                                     int n_block, Acc& acc_dk, const Acc& acc_dv,
+                                                     const TiledMma& mma_dkv, SmemK sK, SmemV sV, int ctid) {
   using Element = typename Tr::Element;
+  constexpr int kN = Tr::kBlockN, kD = Tr::kHeadDim, kThreads = Tr::kNConsumerThreads;
+  static_assert(bwd_rows_in_16_bytes<decltype(sK.layout()), kN, kD>(),
+                "8 columns from a multiple of 8 are one aligned 16-byte unit of K's tile");
+  static_assert(bwd_rows_in_16_bytes<decltype(sV.layout()), kN, kD>(),
+                "8 columns from a multiple of 8 are one aligned 16-byte unit of V's tile");
+  CUTE_UNROLL
+  for (int e = 0; e < size(acc_dk); ++e) acc_dk(e) *= p.scale;
+  Tensor rdk = round_to<Element>(acc_dk);
+  Tensor rdv = round_to<Element>(acc_dv);
+  auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
+  auto r2s_thr = r2s.get_thread_slice(ctid);
+  cute::copy(r2s, r2s_thr.retile_S(rdk), r2s_thr.partition_D(sK));
+  cute::copy(r2s, r2s_thr.retile_S(rdv), r2s_thr.partition_D(sV));
+  cutlass::arch::NamedBarrier::sync(kThreads, Tr::kEpilogueBarrier);
+
+  const int h_kv = tile.h_kv(), b = tile.b(), key0 = n_block * kN;
+  const int keys = min(kN, seq.len_k - key0);
+  Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + (seq.start_k + key0) * p.dk_row_stride +
+                h_kv * p.dk_head_stride;
+  Element* dv = static_cast<Element*>(p.dv) + b * p.dv_batch_stride + (seq.start_k + key0) * p.dv_row_stride +
+                h_kv * p.dv_head_stride;
+  constexpr int kUnits = kD / 8;  // 16-byte chunks per row
+  static_assert(kN * kUnits % kThreads == 0, "every thread copies the same number of chunks");
+  CUTE_UNROLL
+  for (int it = 0; it < kN * kUnits / kThreads; ++it) {
+    const int u = it * kThreads + ctid, r = u / kUnits, c = u % kUnits * 8;
+    if (r >= keys) continue;
+    const uint4 k = *reinterpret_cast<const uint4*>(&sK(r, c));
+    const uint4 v = *reinterpret_cast<const uint4*>(&sV(r, c));
+    *reinterpret_cast<uint4*>(dk + int64_t(r) * p.dk_row_stride + c) = k;
+    *reinterpret_cast<uint4*>(dv + int64_t(r) * p.dv_row_stride + c) = v;
+  }
+}
+
+// bwd_consume_wide's (head dims 192, 256; the 3-D grid): straight from registers, c giving
+// each value's (key in the block, d).
+template <class Tr, class Acc, class Coord>
+__device__ __forceinline__ void bwd_store_dkv(const BwdParams& p, const cuda::SeqInfo& seq, int n_block,
+                                              const Acc& acc_dk, const Acc& acc_dv, const Coord& c) {
+  using Element = typename Tr::Element;
+  const BwdGridTile tile{};
   const int h_kv = tile.h_kv(), b = tile.b();
   Element* dk = static_cast<Element*>(p.dk) + b * p.dk_batch_stride + seq.start_k * p.dk_row_stride +
                 h_kv * p.dk_head_stride;
@@ -175,12 +223,6 @@ __device__ __forceinline__ void bwd_store_dkv(const BwdParams& p, const cuda::Se
     dk[int64_t(key) * p.dk_row_stride + d] = Element(acc_dk(e) * p.scale);
     dv[int64_t(key) * p.dv_row_stride + d] = Element(acc_dv(e));
   }
-}
-// The 3-D grid's CTA (bwd_consume_wide).
-template <class Tr, class Acc, class Coord>
-__device__ __forceinline__ void bwd_store_dkv(const BwdParams& p, const cuda::SeqInfo& seq, int n_block,
-                                              const Acc& acc_dk, const Acc& acc_dv, const Coord& c) {
-  bwd_store_dkv<Tr>(p, seq, BwdGridTile{}, n_block, acc_dk, acc_dv, c);
 }
 
 }  // namespace flashlab::sm90

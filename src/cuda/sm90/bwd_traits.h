@@ -61,12 +61,15 @@ struct BwdTraits {
   // varlen: the consumers have zeroed a tile's rows past its sequence (bwd_kernel.cuh); per
   // consumer warpgroup, its half of the dQ stage is full (the warpgroup arrives, the dQ warp
   // waits) and free again (the dQ warp arrives once its bulk reduce has read it, the
-  // warpgroup waits). Each warpgroup meets only the dQ warp there, never the other one.
+  // warpgroup waits). Each warpgroup meets only the dQ warp there, never the other one. After
+  // the last step both consumers meet twice on one more: K and V read by both (their tiles
+  // then stage dK and dV), and the staged tiles written (bwd_store_dkv_staged).
   static constexpr int kDsBarrier = 0;
   static constexpr int kZeroedBarrier = 1;
   static constexpr int kDqBarrierThreads = 128 + 32;
   static constexpr int dq_full_barrier(int wg) { return 2 + wg; }
   static constexpr int dq_empty_barrier(int wg) { return 4 + wg; }
+  static constexpr int kEpilogueBarrier = 6;
 
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // query rows per step

@@ -355,8 +355,12 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Tr::kProducerRegs>();
     const int warp = cutlass::canonical_warp_idx_sync();
-    if (warp == 0 && threadIdx.x == 0 && steps.total > 0)
-      bwd_load<Tr>(kp, ss, pipeline_q, pipeline_do, steps, seq, tile);
+    if (warp == 0 && threadIdx.x == 0) {
+      if (steps.total > 0)
+        bwd_load<Tr>(kp, ss, pipeline_q, pipeline_do, steps, seq, tile);
+      else  // still wait: this grid's end then implies the preprocess's, which the postprocess relies on
+        bwd_wait_for_prior_grid();
+    }
     if constexpr (!Tr::kDqAtomic)
       if (warp == 1 && steps.total > 0) bwd_store_dq<Tr>(kp, ss, steps, seq, tile);
   } else {

@@ -83,9 +83,13 @@ inline BwdRows bwd_rows(const BwdParams& p, int block_m) {
 }
 
 // Programmatic dependent launch (sm_90): the preprocess lets the main kernel start once all
-// its CTAs are running, the main kernel lets the postprocess start once its own are; a
-// kernel launched so waits for the one before it to finish (and its writes to be visible)
-// only where it reads them. Without the launch attribute both are no-ops.
+// its CTAs are running, the main kernel lets the postprocess start once its own are. A
+// kernel launched so must wait (griddepcontrol.wait) for the one before it to finish, and
+// its writes to be visible, before it reads them; it may do other work first (the main
+// kernel loads K and V). A wait covers only the kernel just before: the postprocess, which
+// reads the preprocess's zeros where no key block added, relies on every main-kernel CTA
+// with a key block waiting, so that the main kernel cannot end before the preprocess.
+// Without the launch attribute both instructions are no-ops.
 __device__ __forceinline__ void bwd_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 __device__ __forceinline__ void bwd_wait_for_prior_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 

@@ -69,6 +69,9 @@ constexpr DType kF32 = DType::kF32, kF16 = DType::kF16, kBF16 = DType::kBF16;
         add(t + hd + "varlen_70_seqs_causal", varlen(dt, lens_q, lens_k, 2, 1, d).make_causal());
       }
       add(t + hd + "padded_strides", dense(dt, 2, 90, 110, 4, 2, d).padded({1, 3, 1, pad16}));
+      // Queries and keys never in the same sequence: no pair at all, so no key block of
+      // cute_fa3's backward has a step, and dQ is the preprocess's zeros alone.
+      add(t + hd + "varlen_no_pairs", varlen(dt, {3, 0, 70}, {0, 130, 0}, 2, 1, d));
       add(t + hd + "seqlen17", dense(dt, 2, 17, 17, 4, 4, d));
       // More query tiles than an H100 has SMs: a persistent kernel (the ablation
       // cute_fa3_persistent's, bf16 head dim 128) serves two or three per CTA.

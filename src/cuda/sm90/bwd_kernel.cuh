@@ -101,7 +101,7 @@ __device__ __forceinline__ void bwd_load(const BwdKernelParams<Tr>& kp, typename
   copy(kp.tma_k.with(ss.barrier_kv), tKgK, tKsK);
   copy(kp.tma_v.with(ss.barrier_kv), tVgV, tVsV);
   // K and V are the caller's; LSE and D are the preprocess's, which may still be running.
-  bwd_wait_for_prior_grid();
+  cuda::wait_for_prior_grid();
   auto state_q = cutlass::make_producer_start_state<typename Tr::PipelineQ>();
   auto state_do = cutlass::make_producer_start_state<typename Tr::PipelineDo>();
   // One ring stage: a (BLK_M, D) tile by TMA and its rows' LSE (or D) by a bulk copy, both
@@ -140,7 +140,7 @@ __device__ __forceinline__ void bwd_store_dq(const BwdKernelParams<Tr>& kp, type
   const int n_block = tile.n_block(kp.p), h_kv = tile.h_kv(), b = tile.b();
   const bool leader = threadIdx.x % 32 == 0;
   const bool ordered = !Tile::kCompact && kp.ws.dq_turn != nullptr;  // the compact grid is never deterministic
-  bwd_wait_for_prior_grid();  // the preprocess cleared the accumulator (and the turns)
+  cuda::wait_for_prior_grid();  // the preprocess cleared the accumulator (and the turns)
   for (int wg = 0; wg < 2; ++wg) NamedBarrier::arrive(Tr::kDqBarrierThreads, Tr::dq_empty_barrier(wg));
   for (int s = 0; s < steps.total; ++s) {
     // The step's turn (deterministic), found while the consumers still compute its dQ.
@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
 
   if (threadIdx.x == 0) {
     cutlass::arch::ClusterTransactionBarrier::init(&ss.barrier_kv, 1);
-    bwd_launch_dependents();  // the postprocess may be scheduled once every CTA here runs
+    cuda::allow_dependents();  // the postprocess may be scheduled once every CTA here runs
     if (steps.total > 0) {  // the four tensor maps into the descriptor cache before their first copy
       cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, 1)
       if (steps.total > 0)
         bwd_load<Tr>(kp, ss, pipeline_q, pipeline_do, steps, seq, tile);
       else  // still wait: this grid's end then implies the preprocess's, which the postprocess relies on
-        bwd_wait_for_prior_grid();
+        cuda::wait_for_prior_grid();
     }
     if constexpr (!Tr::kDqAtomic)
       if (warp == 1 && steps.total > 0) bwd_store_dq<Tr>(kp, ss, steps, seq, tile);
@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(Tr::kNConsumerThreads)
   constexpr int kParts = kM * (kD + 4) * 4 > kStatic && kReps % 2 == 0 ? 2 : 1, kCols = kD / kParts;
   constexpr int kLd = kM * (kCols + 4) * 4 <= kStatic ? kCols + 4 : kCols;  // a staged row (16-byte aligned)
   __shared__ __align__(16) float tile[kM * kLd];
-  bwd_wait_for_prior_grid();  // the main kernel's adds are done
+  cuda::wait_for_prior_grid();  // the main kernel's adds are done
   const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z, t = threadIdx.x;
   const cuda::SeqInfo seq = cuda::seq_info(p, b);
   if (m * kM >= seq.len_q) return;  // varlen: a sequence shorter than the longest
@@ -449,21 +449,8 @@ Status launch_bwd(const BwdParams& p) {
   constexpr int kPreRows = BwdPreprocessShape<Tr::kHeadDim>::kRowsPerCta;
   const dim3 rows_grid((rows_per_seq + kPreRows - 1) / kPreRows, p.heads_q, p.batch);
   // Each kernel after the first is launched as the previous one's programmatic dependent
-  // (bwd_launch_dependents) when there is a previous one of the three.
+  // (bwd_rows.cuh) when there is a previous one of the three.
   bool after = false;
-  cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
-  auto config = [&](dim3 grid, int threads, int smem) {
-    cudaLaunchConfig_t c{};
-    c.gridDim = grid;
-    c.blockDim = dim3(unsigned(threads));
-    c.dynamicSmemBytes = size_t(smem);
-    c.stream = stream;
-    c.attrs = after ? pdl : nullptr;
-    c.numAttrs = after ? 1 : 0;
-    return c;
-  };
   if (rows_per_seq > 0) {
     bwd_preprocess_kernel<Element, Tr::kHeadDim><<<rows_grid, 256, 0, stream>>>(p, ws);
     FL_CUDA_CHECK_LAUNCH();
@@ -513,15 +500,20 @@ Status launch_bwd(const BwdParams& p) {
     const dim3 grid = compact ? dim3(unsigned(bwd_varlen_blocks(p, Tr::kBlockN)), p.heads_kv, 1)
                               : dim3((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.heads_kv, p.batch);
     if (grid.x > 0) {
-      const cudaLaunchConfig_t c = config(grid, Tr::kNThreads, Tr::kSmemBytes);
-      FL_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, kp));
+      BwdKernelParams<Tr> kp_arg = kp;
+      void* args[] = {&kp_arg};
+      FL_CUDA_CHECK(cuda::launch_after(reinterpret_cast<const void*>(kernel), grid, dim3(Tr::kNThreads),
+                                       size_t(Tr::kSmemBytes), stream, args, after));
       after = true;
     }
   }
   if (p.seqlen_q > 0) {
-    const cudaLaunchConfig_t c =
-        config(dim3((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, p.heads_q, p.batch), Tr::kNConsumerThreads, 0);
-    FL_CUDA_CHECK(cudaLaunchKernelEx(&c, bwd_postprocess_kernel<Tr>, p, ws));
+    BwdParams p_arg = p;
+    BwdRows ws_arg = ws;
+    void* args[] = {&p_arg, &ws_arg};
+    FL_CUDA_CHECK(cuda::launch_after(reinterpret_cast<const void*>(bwd_postprocess_kernel<Tr>),
+                                     dim3((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, p.heads_q, p.batch),
+                                     dim3(Tr::kNConsumerThreads), 0, stream, args, after));
   }
   return {};
 }

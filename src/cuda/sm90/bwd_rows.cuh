@@ -82,16 +82,13 @@ inline BwdRows bwd_rows(const BwdParams& p, int block_m) {
           bwd_packed_rows(p, block_m), block_m};
 }
 
-// Programmatic dependent launch (sm_90): the preprocess lets the main kernel start once all
-// its CTAs are running, the main kernel lets the postprocess start once its own are. A
-// kernel launched so must wait (griddepcontrol.wait) for the one before it to finish, and
-// its writes to be visible, before it reads them; it may do other work first (the main
-// kernel loads K and V). A wait covers only the kernel just before: the postprocess, which
-// reads the preprocess's zeros where no key block added, relies on every main-kernel CTA
-// with a key block waiting, so that the main kernel cannot end before the preprocess.
-// Without the launch attribute both instructions are no-ops.
-__device__ __forceinline__ void bwd_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-__device__ __forceinline__ void bwd_wait_for_prior_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+// The three kernels are chained by programmatic dependent launch (cuda::launch_after,
+// cuda/common.cuh): the preprocess lets the main kernel start once all its CTAs are running,
+// the main kernel lets the postprocess start once its own are, and each waits
+// (cuda::wait_for_prior_grid) only before it reads what the kernel before it wrote. A wait
+// covers the kernel just before: the postprocess, which reads the preprocess's zeros where no
+// key block added, relies on every main-kernel CTA with a key block waiting, so that the
+// main kernel cannot end before the preprocess.
 
 // The preprocess's shape: kThreadsPerRow threads share a row, each with 16 bytes of O and dO
 // (kHeadDim / 8 of them carry data, a power of two for the shuffle reduction), and a CTA of
@@ -112,7 +109,7 @@ template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const __grid_constant__ BwdParams p,
                                                              BwdRows ws) {
   using Pre = BwdPreprocessShape<kHeadDim>;
-  bwd_launch_dependents();
+  cuda::allow_dependents();
   const int b = blockIdx.z, h = blockIdx.y;
   const int sub = threadIdx.x % Pre::kThreadsPerRow, group = threadIdx.x / Pre::kThreadsPerRow;
   const cuda::SeqInfo seq = cuda::seq_info(p, b);

@@ -425,18 +425,16 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
 
 // ---- combine -----------------------------------------------------------------------------
 // One CTA per row (b, h, i) of out. Warp 0 merges the splits' LSEs (lane l holds splits
-// l, l + 32, ...) and puts each split's weight e^(LSE_s − LSE) in shared memory; then the eight
-// warps take every eighth split, their loads of O_s independent of one another (no load waits
-// on an LSE, eight splits' loads in flight per warp), and sum their shares through shared
-// memory. A split that saw no key has
+// l, l + 32, ...) and puts each split's weight e^(LSE_s − LSE) in shared memory; then the four
+// warps take every fourth split, their loads of O_s independent of one another (no load waits
+// on an LSE), and sum their shares through shared memory. A split that saw no key has
 // LSE_s = −inf and weight 0: its O is not read. A split that met a NaN has LSE_s = NaN (the
 // split-KV kernel's epilogue), and the row is NaN. Columns go c = e·32 + lane, so that each load
-// of a warp reads 128 contiguous bytes. grid rows_all, kCombineThreads threads.
-constexpr int kCombineThreads = 256;
+// of a warp reads 128 contiguous bytes. grid rows_all, 128 threads.
 template <class Element, int kHeadDim>
-__global__ void __launch_bounds__(kCombineThreads) kv_combine_kernel(const __grid_constant__ KvCacheParams p,
-                                                                     int splits) {
-  constexpr int kWarps = kCombineThreads / 32, kPerLane = kHeadDim / 32, kLsePerLane = kMaxSplits / 32;
+__global__ void __launch_bounds__(128) kv_combine_kernel(const __grid_constant__ KvCacheParams p,
+                                                         int splits) {
+  constexpr int kWarps = 4, kPerLane = kHeadDim / 32, kLsePerLane = kMaxSplits / 32;
   static_assert(kHeadDim % 32 == 0 && kMaxSplits % 32 == 0);
   __shared__ float weight[kMaxSplits];
   __shared__ float share[kWarps][kHeadDim];
@@ -469,7 +467,7 @@ __global__ void __launch_bounds__(kCombineThreads) kv_combine_kernel(const __gri
   __syncthreads();
 
   float acc[kPerLane] = {};
-#pragma unroll 8
+#pragma unroll 4
   for (int s = warp; s < splits; s += kWarps) {
     const float w = weight[s];
     if (w == 0.f) continue;
@@ -486,12 +484,8 @@ __global__ void __launch_bounds__(kCombineThreads) kv_combine_kernel(const __gri
   Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + i * p.o_row_stride +
                  h * p.o_head_stride;
   const bool nan = row_lse != row_lse;
-  for (int c = threadIdx.x; c < kHeadDim; c += kWarps * 32) {
-    float sum = 0.f;
-    CUTE_UNROLL
-    for (int w = 0; w < kWarps; ++w) sum += share[w][c];
-    out[c] = Element(nan ? NAN : sum);
-  }
+  for (int c = threadIdx.x; c < kHeadDim; c += kWarps * 32)
+    out[c] = Element(nan ? NAN : share[0][c] + share[1][c] + share[2][c] + share[3][c]);
   if (threadIdx.x == 0 && p.lse != nullptr)
     p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row_lse;
 }
@@ -549,7 +543,7 @@ Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
                                    dim3(Tr::kNThreads), size_t(Config::kSmemBytes), stream, args,
                                    early));
   if (splits > 1)
-    FL_CUDA_CHECK(cuda::launch_after(combine, dim3(unsigned(kv_rows_all(p))), dim3(kCombineThreads), 0,
+    FL_CUDA_CHECK(cuda::launch_after(combine, dim3(unsigned(kv_rows_all(p))), dim3(128), 0,
                                      stream, args, early));
   return {};
 }

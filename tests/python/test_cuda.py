@@ -164,6 +164,16 @@ def test_captures_in_a_cuda_graph():
     assert torch.equal(captured, flashlab.flash_attn_func(q, k, v, causal=True))
 
 
+def _hopper_backward():
+    has = any(k["name"] == "cute_fa3" and k["backward"] for k in flashlab.kernels())
+    return has and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_hopper_backward = pytest.mark.skipif(
+    not _hopper_backward(), reason="cute_fa3's backward needs an sm_90 device and a build with it")
+
+
+@needs_hopper_backward
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_backward_captures_in_a_cuda_graph(deterministic):
     # The Hopper backward launches its main kernel and postprocess as programmatic dependents
@@ -173,7 +183,8 @@ def test_backward_captures_in_a_cuda_graph(deterministic):
     dout = torch.randn_like(q)
 
     def grads():
-        out = flashlab.flash_attn_func(q, k, v, causal=True, deterministic=deterministic)
+        out = flashlab.flash_attn_func(q, k, v, causal=True, deterministic=deterministic,
+                                       kernel="cute_fa3")
         return torch.autograd.grad(out, (q, k, v), dout)
 
     grads()  # warm-up outside the capture
@@ -190,6 +201,22 @@ def test_backward_captures_in_a_cuda_graph(deterministic):
             assert torch.equal(got, want), name
         else:
             torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2, msg=name)
+
+
+@needs_hopper_backward
+def test_backward_with_no_key_in_any_sequence():
+    # cu_seqlens_k all 0 while k has rows and max_seqlen_k > 0: cute_fa3's compact varlen grid
+    # (an upper bound from the arguments) has CTAs but no key block, so no CTA of its main
+    # kernel waits for the preprocess; dQ must still be the preprocess's zeros.
+    lens_q = [70, 0, 130]
+    cu_q = torch.tensor([0, 70, 70, 200], dtype=torch.int32, device="cuda")
+    cu_k = torch.zeros(4, dtype=torch.int32, device="cuda")
+    q = make((200, 4, 128), torch.bfloat16)
+    k, v = make((300, 2, 128), torch.bfloat16), make((300, 2, 128), torch.bfloat16)
+    out = flashlab.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), 256, kernel="cute_fa3")
+    assert torch.all(out == 0)
+    dq, = torch.autograd.grad(out, (q,), torch.randn_like(out))
+    assert torch.all(dq == 0)
 
 
 def test_torch_compile_fullgraph_forward_and_backward():

@@ -449,7 +449,9 @@ Status launch_bwd(const BwdParams& p) {
   constexpr int kPreRows = BwdPreprocessShape<Tr::kHeadDim>::kRowsPerCta;
   const dim3 rows_grid((rows_per_seq + kPreRows - 1) / kPreRows, p.heads_q, p.batch);
   // Each kernel after the first is launched as the previous one's programmatic dependent
-  // (bwd_rows.cuh) when there is a previous one of the three.
+  // (bwd_rows.cuh) when there is a previous one of the three; the postprocess in stream order
+  // after the compact grid, whose CTAs past the real count of key blocks exit without waiting
+  // (the count can be 0 with a grid of CTAs, so its end need not imply the preprocess's).
   bool after = false;
   if (rows_per_seq > 0) {
     bwd_preprocess_kernel<Element, Tr::kHeadDim><<<rows_grid, 256, 0, stream>>>(p, ws);
@@ -504,7 +506,7 @@ Status launch_bwd(const BwdParams& p) {
       void* args[] = {&kp_arg};
       FL_CUDA_CHECK(cuda::launch_after(reinterpret_cast<const void*>(kernel), grid, dim3(Tr::kNThreads),
                                        size_t(Tr::kSmemBytes), stream, args, after));
-      after = true;
+      after = !compact;
     }
   }
   if (p.seqlen_q > 0) {

@@ -88,7 +88,8 @@ inline BwdRows bwd_rows(const BwdParams& p, int block_m) {
 // (cuda::wait_for_prior_grid) only before it reads what the kernel before it wrote. A wait
 // covers the kernel just before: the postprocess, which reads the preprocess's zeros where no
 // key block added, relies on every main-kernel CTA with a key block waiting, so that the
-// main kernel cannot end before the preprocess.
+// main kernel cannot end before the preprocess. The compact varlen grid's CTAs past the real
+// count of key blocks exit without waiting, so after it the postprocess runs in stream order.
 
 // The preprocess's shape: kThreadsPerRow threads share a row, each with 16 bytes of O and dO
 // (kHeadDim / 8 of them carry data, a power of two for the shuffle reduction), and a CTA of

@@ -171,6 +171,11 @@ __device__ __forceinline__ void bwd_store_dkv_staged(const BwdParams& p, const c
                                                      const TiledMma& mma_dkv, SmemK sK, SmemV sV, int ctid) {
   using Element = typename Tr::Element;
   constexpr int kN = Tr::kBlockN, kD = Tr::kHeadDim, kThreads = Tr::kNConsumerThreads;
+  using SwizzleK = get_swizzle_t<decltype(sK.data())>;
+  using SwizzleV = get_swizzle_t<decltype(sV.data())>;
+  static_assert((SwizzleK::num_bits == 0 || SwizzleK::num_base >= 4) &&
+                    (SwizzleV::num_bits == 0 || SwizzleV::num_base >= 4),
+                "the tiles' swizzles move whole 16-byte units");
   static_assert(bwd_rows_in_16_bytes<decltype(sK.layout()), kN, kD>(),
                 "8 columns from a multiple of 8 are one aligned 16-byte unit of K's tile");
   static_assert(bwd_rows_in_16_bytes<decltype(sV.layout()), kN, kD>(),

@@ -137,7 +137,7 @@ struct CommonArgs {
 
   std::string_view kernel = kAutoKernel;  // "auto" or a name from kernels()
   void* stream = nullptr;                 // cudaStream_t for CUDA tensors
-  void* workspace = nullptr;              // caller's scratch, on the tensors' device
+  void* workspace = nullptr;              // caller's scratch, on the tensors' device, 16-byte aligned
   size_t workspace_bytes = 0;
   int num_threads = 0;                    // CPU kernels: 0 = all hardware threads, at most kMaxThreads
   // Kernels whose workspace grows as seqlen_q·seqlen_k (cpu_reference, the naive GPU rung)

@@ -9,6 +9,7 @@
 // lack dropout without asking them (a refusal is a string), and writes the list of every
 // kernel's reason only when all of them refuse.
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,9 @@ Status run_checked(const P& p, std::string_view name) {
   if (need > 0 && p.workspace == nullptr)
     return invalid("workspace is null but kernel '" + std::string(e->info.name) + "' needs " +
                    std::to_string(need) + " bytes");
+  if (need > 0 && reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0)
+    return invalid("workspace must be 16-byte aligned (kernel '" + std::string(e->info.name) +
+                   "' reads and writes it 16 bytes at a time)");
   if (nothing_to_write(p)) return {};
   return h.run(p);
 }

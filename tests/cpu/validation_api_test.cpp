@@ -175,6 +175,22 @@ TEST_F(ValidationTest, NullWorkspaceWithBytes) {
   EXPECT_TRUE(out.untouched("out"));
 }
 
+TEST_F(ValidationTest, MisalignedWorkspace) {
+  ForwardArgs a = fwd();
+  a.workspace = reinterpret_cast<char*>(workspace.data()) + 8;
+  a.workspace_bytes -= 8;
+  out.poison();
+  EXPECT_TRUE(status_is(forward(a), StatusCode::kInvalidArgument,
+                        {"workspace must be 16-byte aligned", "cpu_reference"}));
+  EXPECT_TRUE(out.untouched("out"));
+  BackwardArgs b = bwd();
+  b.workspace = a.workspace;
+  b.workspace_bytes = a.workspace_bytes;
+  poison_outputs();
+  EXPECT_TRUE(status_is(backward(b), StatusCode::kInvalidArgument, {"workspace must be 16-byte aligned"}));
+  EXPECT_TRUE(dq.untouched("dq"));
+}
+
 TEST_F(ValidationTest, QueriesIgnoreTheWorkspaceFields) {
   ForwardArgs a = fwd();
   a.workspace = nullptr;

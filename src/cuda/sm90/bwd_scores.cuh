@@ -4,6 +4,7 @@
 #pragma once
 
 #include <climits>
+#include <utility>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -136,14 +137,22 @@ constexpr bool bwd_rows_in_16_bytes() {
       if (l(r, c) % 8 != 0 || l(r, c + 7) != l(r, c) + 7) return false;
   return true;
 }
+// The same for a shared tile (rows, cols) of 16-bit elements, swizzle included: its
+// swizzle moves whole 16-byte units (a base of at least 4 bits) and its layout keeps them.
+template <class Tile>
+constexpr bool bwd_tile_in_16_bytes() {
+  using Swizzle = get_swizzle_t<decltype(std::declval<Tile&>().data())>;
+  using TileShape = decltype(std::declval<Tile&>().shape());
+  constexpr int kRows = decltype(size<0>(TileShape{}))::value, kCols = decltype(size<1>(TileShape{}))::value;
+  return sizeof(typename Tile::value_type) == 2 && kCols % 8 == 0 &&
+         (Swizzle::num_bits == 0 || Swizzle::num_base >= 4) &&
+         bwd_rows_in_16_bytes<decltype(std::declval<Tile&>().layout()), kRows, kCols>();
+}
 template <class Tr, class... SmemTiles>
 __device__ __forceinline__ void bwd_zero_rows(int valid, int ctid, SmemTiles... tiles) {
   auto zero = [&](auto tile) {  // (rows, D)
     constexpr int kRows = decltype(size<0>(tile))::value, kCols = decltype(size<1>(tile))::value;
-    using Swizzle = get_swizzle_t<decltype(tile.data())>;
-    static_assert(sizeof(typename Tr::Element) == 2 && kCols % 8 == 0 &&
-                      (Swizzle::num_bits == 0 || Swizzle::num_base >= 4) &&
-                      bwd_rows_in_16_bytes<decltype(tile.layout()), kRows, kCols>(),
+    static_assert(bwd_tile_in_16_bytes<decltype(tile)>(),
                   "8 columns from a multiple of 8 are one aligned 16-byte unit");
     constexpr int kUnits = kCols / 8;  // per row
     for (int e = ctid; e < (kRows - valid) * kUnits; e += Tr::kNConsumerThreads) {
@@ -171,15 +180,8 @@ __device__ __forceinline__ void bwd_store_dkv_staged(const BwdParams& p, const c
                                                      const TiledMma& mma_dkv, SmemK sK, SmemV sV, int ctid) {
   using Element = typename Tr::Element;
   constexpr int kN = Tr::kBlockN, kD = Tr::kHeadDim, kThreads = Tr::kNConsumerThreads;
-  using SwizzleK = get_swizzle_t<decltype(sK.data())>;
-  using SwizzleV = get_swizzle_t<decltype(sV.data())>;
-  static_assert((SwizzleK::num_bits == 0 || SwizzleK::num_base >= 4) &&
-                    (SwizzleV::num_bits == 0 || SwizzleV::num_base >= 4),
-                "the tiles' swizzles move whole 16-byte units");
-  static_assert(bwd_rows_in_16_bytes<decltype(sK.layout()), kN, kD>(),
-                "8 columns from a multiple of 8 are one aligned 16-byte unit of K's tile");
-  static_assert(bwd_rows_in_16_bytes<decltype(sV.layout()), kN, kD>(),
-                "8 columns from a multiple of 8 are one aligned 16-byte unit of V's tile");
+  static_assert(bwd_tile_in_16_bytes<SmemK>(), "8 columns from a multiple of 8 are one aligned 16-byte unit of K's tile");
+  static_assert(bwd_tile_in_16_bytes<SmemV>(), "8 columns from a multiple of 8 are one aligned 16-byte unit of V's tile");
   CUTE_UNROLL
   for (int e = 0; e < size(acc_dk); ++e) acc_dk(e) *= p.scale;
   Tensor rdk = round_to<Element>(acc_dk);

@@ -91,7 +91,7 @@ struct BenchFlags {
   bool ladder = false;
   bool decode = false;
   std::vector<int> seqlens;  // --decode: cache lengths
-  int page_size = 0, append = 0;
+  int page_size = 0, append = 0, num_splits = 0;
   std::optional<Format> format;
   bool help = false;
 };
@@ -213,6 +213,7 @@ constexpr FlagSpec kBenchFlags[] = {
     {"--seqlens", true, [](BenchFlags& f, const std::string& n, const std::string& v) { parse_seqlens(f, n, v); }},
     {"--page-size", true, [](BenchFlags& f, const std::string& n, const std::string& v) { f.page_size = parse_int(n, v, 0); }},
     {"--append", true, [](BenchFlags& f, const std::string& n, const std::string& v) { f.append = parse_int(n, v, 0); }},
+    {"--num-splits", true, [](BenchFlags& f, const std::string& n, const std::string& v) { f.num_splits = parse_int(n, v, 0); }},
     {"--json", false, [](BenchFlags& f, const std::string&, const std::string&) { set_format(f, Format::kJson); }},
     {"--csv", false, [](BenchFlags& f, const std::string&, const std::string&) { set_format(f, Format::kCsv); }},
     {"--help", false, [](BenchFlags& f, const std::string&, const std::string&) { f.help = true; }},
@@ -308,6 +309,7 @@ Problem make_problem(const BenchFlags& f, Device device) {
   p.seqlen_k = f.seqlen_k.value_or(f.decode ? p.seqlen_k : p.seqlen_q);
   p.page_size = f.page_size;
   p.seqlen_new = f.append;
+  p.num_splits = f.num_splits;
   p.head_dim = f.head_dim.value_or(p.head_dim);
   p.head_dim_v = f.head_dim_v.value_or(p.head_dim);
   p.dtype = f.dtype.value_or(p.dtype);
@@ -401,10 +403,15 @@ int with_refusals(const Report& report, bool named, int code) {
   return code == kExitOk ? kExitError : code;
 }
 
-// --seqlens, --page-size and --append belong to --decode, which has no backward or ladder.
+// --seqlens, --page-size, --append and --num-splits belong to --decode, which has no backward
+// or ladder.
 void check_decode_flags(const BenchFlags& f) {
   if (!f.decode) {
-    const char* flag = !f.seqlens.empty() ? "--seqlens" : f.page_size ? "--page-size" : f.append ? "--append" : nullptr;
+    const char* flag = !f.seqlens.empty() ? "--seqlens"
+                       : f.page_size      ? "--page-size"
+                       : f.append         ? "--append"
+                       : f.num_splits     ? "--num-splits"
+                                          : nullptr;
     if (flag) throw UsageError{std::string(flag) + " belongs to --decode (the KV-cache call)"};
     return;
   }

@@ -81,6 +81,8 @@ decode (--decode: forward_kvcache, FlashAttention's flash_attn_with_kvcache):
                      pool (block_table); 0 = one contiguous cache [0]
   --append N         each call also appends N new rows (k_new/v_new) at cache_seqlens =
                      L - N, so it still attends to L rows [0]
+  --num-splits N     split-KV's split count (num_splits; at most the cache's key tiles);
+                     0 = the count the kernel picks per call [0]
 
 kernels and device:
   --kernel NAME      a kernel from `flashlab list`; repeat the flag or give a comma list

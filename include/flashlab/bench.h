@@ -88,6 +88,7 @@ struct Problem {
   bool decode = false;
   int page_size = 0;
   int seqlen_new = 0;
+  int num_splits = 0;  // the KV-cache call's num_splits: 0 = the kernel picks
   // Varlen: a packed batch of sequences of these lengths, queries and keys alike: q, k, v,
   // out and their gradients are [total, heads, dim], LSE [heads_q, total], with
   // cu_seqlens_q = cu_seqlens_k (int32, on the problem's device) and max_seqlen the

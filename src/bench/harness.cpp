@@ -126,6 +126,7 @@ struct Bench::State {
       a.q = v[kQ], a.k_cache = v[kK], a.v_cache = v[kV], a.out = v[kOut], a.maybe_lse = v[kLse];
       a.maybe_k_new = v[kKNew], a.maybe_v_new = v[kVNew];
       a.maybe_cache_seqlens = v[kSeqlens], a.maybe_block_table = v[kTable];
+      a.num_splits = q.num_splits;
       return finish(a);
     }
     if (q.backward) {

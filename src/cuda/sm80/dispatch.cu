@@ -9,6 +9,7 @@
 // docs/sm80/bwd.md (the traits tables and numbers).
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "common/registry.h"
@@ -151,6 +152,45 @@ std::string supports_kv(const KvCacheParams& p) {
   return cuda::device_supports(p.device_index, in.smem_bytes(), in.kernel(p));
 }
 
+// The SM count of `device` and `kernel`'s resident CTAs per SM there, asked of CUDA once per
+// (device, kernel) and then kept: the three queries took microseconds of host time per call,
+// against a GPU time of 15–20 µs for a decode step over a 4k cache, and workspace_kv and
+// run_kv each ask. A fixed table behind a mutex (no allocation); past its 64 entries the
+// queries run every call. The current device must be `device`.
+struct KvOccupancy {
+  int sms = 0, resident = 0;
+};
+bool kv_occupancy(const void* kernel, int device, int smem_bytes, KvOccupancy* out) {
+  struct Entry {
+    const void* kernel;
+    int device;
+    KvOccupancy occ;
+  };
+  static std::mutex mutex;
+  static Entry table[64];
+  static int used = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (int i = 0; i < used; ++i)
+      if (table[i].kernel == kernel && table[i].device == device) {
+        *out = table[i].occ;
+        return true;
+      }
+  }
+  KvOccupancy occ;
+  if (cudaDeviceGetAttribute(&occ.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ.resident, kernel, 128, size_t(smem_bytes)) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  if (used < 64) table[used++] = {kernel, device, occ};
+  *out = occ;
+  return true;
+}
+
 // How many splits the keys of each (sequence, KV head, row block) get: the caller's
 // num_splits (at most kMaxSplits and the cache's key tiles), or with 0 the count that a model
 // of the critical path finishes soonest with. The CTAs of s splits run in
@@ -158,26 +198,18 @@ std::string supports_kv(const KvCacheParams& p) {
 // streams ceil(tiles / s) key tiles plus about one tile's worth of fixed cost (Q, the ring's
 // first loads, its partials): time(s) = waves(s) · (ceil(tiles / s) + 1). s is the smallest
 // count within 5% of the best time (fewer splits: fewer partials for the combine). Where the
-// CTAs already fill 80% of a wave, one split. Called twice per call (workspace_kv, run_kv),
-// each time with three CUDA queries.
+// CTAs already fill 80% of a wave, one split.
 int kv_splits(const KvCacheParams& p) {
-  // The attribute and occupancy queries act on the current device: make it p's, so that
-  // workspace_kv (called without a guard) and run_kv agree.
-  cuda::DeviceGuard guard(p.device_index);
   const KvEntries in = entries_for<KvEntries>(p);
   const int n_tiles = std::max(1, (p.seqlen_k + in.block_n() - 1) / in.block_n());
   const int most = std::min(kMaxSplits, n_tiles);
   if (p.num_splits > 0) return std::min(p.num_splits, most);
-  int sms = 0, resident = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index) != cudaSuccess ||
-      cudaFuncSetAttribute(in.kernel(p), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           in.smem_bytes()) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, in.kernel(p), 128,
-                                                    size_t(in.smem_bytes())) != cudaSuccess) {
-    cudaGetLastError();
-    return 1;
-  }
-  const int64_t slots = int64_t(std::max(sms, 1)) * std::max(resident, 1);
+  // The attribute and occupancy queries act on the current device: make it p's, so that
+  // workspace_kv (called without a guard) and run_kv agree.
+  cuda::DeviceGuard guard(p.device_index);
+  KvOccupancy occ;
+  if (!kv_occupancy(in.kernel(p), p.device_index, in.smem_bytes(), &occ)) return 1;
+  const int64_t slots = int64_t(std::max(occ.sms, 1)) * std::max(occ.resident, 1);
   const int64_t ctas = int64_t(p.batch) * p.heads_kv * kv_row_blocks(p, in.block_m());
   if (ctas * 5 >= slots * 4) return 1;  // 80% of a wave already
   auto time = [&](int s) {

@@ -156,7 +156,7 @@ std::string supports_kv(const KvCacheParams& p) {
 // (device, kernel) and then kept: the three queries took microseconds of host time per call,
 // against a GPU time of 15–20 µs for a decode step over a 4k cache, and workspace_kv and
 // run_kv each ask. A fixed table behind a mutex (no allocation); past its 64 entries the
-// queries run every call. The current device must be `device`.
+// queries run every call.
 struct KvOccupancy {
   int sms = 0, resident = 0;
 };
@@ -177,6 +177,9 @@ bool kv_occupancy(const void* kernel, int device, int smem_bytes, KvOccupancy* o
         return true;
       }
   }
+  // The attribute and occupancy queries act on the current device: make it `device`
+  // (workspace_kv is called without a guard).
+  cuda::DeviceGuard guard(device);
   KvOccupancy occ;
   if (cudaDeviceGetAttribute(&occ.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes) != cudaSuccess ||
@@ -204,9 +207,6 @@ int kv_splits(const KvCacheParams& p) {
   const int n_tiles = std::max(1, (p.seqlen_k + in.block_n() - 1) / in.block_n());
   const int most = std::min(kMaxSplits, n_tiles);
   if (p.num_splits > 0) return std::min(p.num_splits, most);
-  // The attribute and occupancy queries act on the current device: make it p's, so that
-  // workspace_kv (called without a guard) and run_kv agree.
-  cuda::DeviceGuard guard(p.device_index);
   KvOccupancy occ;
   if (!kv_occupancy(in.kernel(p), p.device_index, in.smem_bytes(), &occ)) return 1;
   const int64_t slots = int64_t(std::max(occ.sms, 1)) * std::max(occ.resident, 1);

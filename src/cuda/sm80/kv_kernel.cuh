@@ -74,8 +74,9 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
 // partition of the smem tile and coord the same partition of the tile's identity tensor;
 // row_ptr(row, m) gives the first element in global memory of the tile's row `row`, the
 // thread's m-th, or nullptr for a row past the data, which is zero-filled (zeros, not
-// garbage, so that P·V never meets 0·NaN).
-template <class Dst, class Coord, class RowPtr>
+// garbage, so that P·V never meets 0·NaN). kAllRows: the caller knows every row is there,
+// and the copies go without a test (and without the zero stores' predicated-off issue slots).
+template <bool kAllRows = false, class Dst, class Coord, class RowPtr>
 __device__ __forceinline__ void load_rows(Dst&& dst, Coord const& coord, RowPtr const& row_ptr) {
   CUTE_UNROLL
   for (int m = 0; m < size<1>(dst); ++m) {
@@ -83,7 +84,7 @@ __device__ __forceinline__ void load_rows(Dst&& dst, Coord const& coord, RowPtr 
     CUTE_UNROLL
     for (int d = 0; d < size<2>(dst); ++d) {
       void* chunk = &dst(0, m, d);
-      if (src != nullptr)
+      if (kAllRows || src != nullptr)
         cp_async_16(chunk, src + get<1>(coord(0, m, d)));
       else
         *static_cast<uint4*>(chunk) = make_uint4(0, 0, 0, 0);
@@ -264,10 +265,19 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
                                      : page[m] * batch_stride + int64_t((first + row) % p.page_size) * row_stride);
       };
     };
-    load_rows(gmem_thr.partition_D(sK(st)), tKVcKV,
-              row_of(k_cache, k_base, p.k_batch_stride, p.k_row_stride));
-    load_rows(gmem_thr.partition_D(make_tensor(make_smem_ptr(smem_v(st)), typename Tr::SmemLayoutKV{})),
-              tKVcKV, row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride));
+    auto dst_k = gmem_thr.partition_D(sK(st));
+    auto dst_v = gmem_thr.partition_D(make_tensor(make_smem_ptr(smem_v(st)), typename Tr::SmemLayoutKV{}));
+    // Every tile but a sequence's first and last: all rows seen and in one page, so row r is
+    // base + r·row_stride with no test per row.
+    if (tile_in_page && j0 >= kb && j0 + kBlockN <= ke) {
+      const Element* k_tile = k_cache + k_base;
+      const Element* v_tile = v_cache + v_base;
+      load_rows<true>(dst_k, tKVcKV, [&](int row, int) { return k_tile + row * p.k_row_stride; });
+      load_rows<true>(dst_v, tKVcKV, [&](int row, int) { return v_tile + row * p.v_row_stride; });
+      return;
+    }
+    load_rows(dst_k, tKVcKV, row_of(k_cache, k_base, p.k_batch_stride, p.k_row_stride));
+    load_rows(dst_v, tKVcKV, row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride));
   };
 
   // ---- the ring: tile n in the MMAs (math(n, st)) while the next kStages − 1 tiles load ----
@@ -390,6 +400,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row = get<0>(tOcO_rc(r, 0));
+      if (row >= rows) continue;  // the merge reads the block's rows only
       CUTE_UNROLL
       for (int c = 0; c < size<1>(o); ++c) part_o[(warp * 16 + row) * kHeadDim + get<1>(tOcO_rc(r, c))] = o(r, c);
       if (get<1>(tOcO_rc(r, 0)) == 0) part_lse[warp * 16 + row] = lse[r];
@@ -424,70 +435,72 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
 }
 
 // ---- combine -----------------------------------------------------------------------------
-// One CTA per row (b, h, i) of out. Warp 0 merges the splits' LSEs (lane l holds splits
-// l, l + 32, ...) and puts each split's weight e^(LSE_s − LSE) in shared memory; then the four
-// warps take every fourth split, their loads of O_s independent of one another (no load waits
-// on an LSE), and sum their shares through shared memory. A split that saw no key has
-// LSE_s = −inf and weight 0: its O is not read. A split that met a NaN has LSE_s = NaN (the
-// split-KV kernel's epilogue), and the row is NaN. Columns go c = e·32 + lane, so that each load
-// of a warp reads 128 contiguous bytes. grid rows_all, 128 threads.
+// One CTA per row (b, h, i) of out and one thread per column: warp w sums columns
+// [32w, 32w + 32) of every split's O_s, each load of a warp 128 contiguous bytes. Every warp
+// merges the splits' LSEs itself (lane l holds splits l, l + 32, ...), so no warp waits on
+// another and nothing goes through shared memory. The loads of the first 32 splits' O_s are
+// issued beside the LSEs' loads, before any weight is known: a call of up to 32 splits waits
+// on memory once, where a weight-first order waits twice (the LSEs, then the O_s they weigh).
+// A split's weight e^(LSE_s − LSE) then multiplies its O_s. A split that saw no key has
+// LSE_s = −inf and weight 0: its O_s is read and not added. A split that met a NaN has
+// LSE_s = NaN (the split-KV kernel's epilogue), and the row is NaN. grid rows_all, kHeadDim
+// threads.
 template <class Element, int kHeadDim>
-__global__ void __launch_bounds__(128) kv_combine_kernel(const __grid_constant__ KvCacheParams p,
-                                                         int splits) {
-  constexpr int kWarps = 4, kPerLane = kHeadDim / 32, kLsePerLane = kMaxSplits / 32;
+__global__ void __launch_bounds__(kHeadDim) kv_combine_kernel(const __grid_constant__ KvCacheParams p,
+                                                              int splits) {
+  constexpr int kLsePerLane = kMaxSplits / 32;
   static_assert(kHeadDim % 32 == 0 && kMaxSplits % 32 == 0);
-  __shared__ float weight[kMaxSplits];
-  __shared__ float share[kWarps][kHeadDim];
-  __shared__ float row_lse;
   const int64_t rows_all = kv_rows_all(p), row = blockIdx.x;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, col = threadIdx.x;
   cuda::wait_for_prior_grid();  // the split-KV kernel's partials (launched early)
   cuda::allow_dependents();
-  if (warp == 0) {
-    const float* lse_s = kv_lse_partial(p, splits) + row;
-    float l[kLsePerLane], m = -INFINITY, sum = 0.f;
-    bool nan = false;  // a split's part saw a NaN (its LSE is NaN): so does the row
-    CUTE_UNROLL
-    for (int j = 0; j < kLsePerLane; ++j) {
-      const int s = j * 32 + lane;
-      l[j] = s < splits ? lse_s[s * rows_all] : -INFINITY;
-      m = fmaxf(m, l[j]);
-      nan |= l[j] != l[j];
-    }
-    for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
-    CUTE_UNROLL
-    for (int j = 0; j < kLsePerLane; ++j) sum += part_exp(l[j], m);
-    for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-    const float lse = __any_sync(0xffffffffu, nan) ? NAN : merged_lse(m, sum);
-    CUTE_UNROLL
-    for (int j = 0; j < kLsePerLane; ++j)
-      if (j * 32 + lane < splits) weight[j * 32 + lane] = l[j] == -INFINITY ? 0.f : part_exp(l[j], lse);
-    if (lane == 0) row_lse = lse;
-  }
-  __syncthreads();
-
-  float acc[kPerLane] = {};
-#pragma unroll 4
-  for (int s = warp; s < splits; s += kWarps) {
-    const float w = weight[s];
-    if (w == 0.f) continue;
-    const float* o = static_cast<const float*>(p.workspace) + (s * rows_all + row) * kHeadDim + lane;
-    CUTE_UNROLL
-    for (int e = 0; e < kPerLane; ++e) acc[e] += w * o[e * 32];
+  const float* lse_s = kv_lse_partial(p, splits) + row;
+  const float* o_s = static_cast<const float*>(p.workspace) + row * kHeadDim + col;
+  const int64_t o_stride = rows_all * kHeadDim;  // from split s to split s + 1
+  float l[kLsePerLane], o[32];
+  CUTE_UNROLL
+  for (int j = 0; j < kLsePerLane; ++j) {
+    const int s = j * 32 + lane;
+    l[j] = s < splits ? lse_s[s * rows_all] : -INFINITY;
   }
   CUTE_UNROLL
-  for (int e = 0; e < kPerLane; ++e) share[warp][e * 32 + lane] = acc[e];
-  __syncthreads();
+  for (int s = 0; s < 32; ++s) o[s] = s < splits ? o_s[s * o_stride] : 0.f;
+
+  float m = -INFINITY, sum = 0.f;
+  bool nan = false;  // a split's part saw a NaN (its LSE is NaN): so does the row
+  CUTE_UNROLL
+  for (int j = 0; j < kLsePerLane; ++j) m = fmaxf(m, l[j]), nan |= l[j] != l[j];
+  for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+  CUTE_UNROLL
+  for (int j = 0; j < kLsePerLane; ++j) sum += part_exp(l[j], m);
+  for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+  nan = __any_sync(0xffffffffu, nan);
+  const float lse = nan ? NAN : merged_lse(m, sum);
+
+  // Split s's weight is lane s % 32's w[s / 32]; the splits go 32 at a time, the first 32
+  // splits' O_s already loaded.
+  float acc = 0.f;
+  CUTE_UNROLL
+  for (int j = 0; j < kLsePerLane; ++j) {
+    if (j * 32 >= splits) break;
+    if (j > 0) {
+      CUTE_UNROLL
+      for (int i = 0; i < 32; ++i) o[i] = j * 32 + i < splits ? o_s[(j * 32 + i) * o_stride] : 0.f;
+    }
+    const float w = l[j] == -INFINITY ? 0.f : part_exp(l[j], lse);
+    CUTE_UNROLL
+    for (int i = 0; i < 32; ++i) {
+      const float w_s = __shfl_sync(0xffffffffu, w, i);
+      if (w_s != 0.f) acc += w_s * o[i];
+    }
+  }
 
   const int i = int(row % p.seqlen_q), h = int(row / p.seqlen_q % p.heads_q),
             b = int(row / p.seqlen_q / p.heads_q);
   Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + i * p.o_row_stride +
                  h * p.o_head_stride;
-  const bool nan = row_lse != row_lse;
-  for (int c = threadIdx.x; c < kHeadDim; c += kWarps * 32)
-    out[c] = Element(nan ? NAN : share[0][c] + share[1][c] + share[2][c] + share[3][c]);
-  if (threadIdx.x == 0 && p.lse != nullptr)
-    p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = row_lse;
+  out[col] = Element(nan ? NAN : acc);
+  if (col == 0 && p.lse != nullptr) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = lse;
 }
 
 // ---- launch ------------------------------------------------------------------------------
@@ -543,7 +556,7 @@ Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
                                    dim3(Tr::kNThreads), size_t(Config::kSmemBytes), stream, args,
                                    early));
   if (splits > 1)
-    FL_CUDA_CHECK(cuda::launch_after(combine, dim3(unsigned(kv_rows_all(p))), dim3(128), 0,
+    FL_CUDA_CHECK(cuda::launch_after(combine, dim3(unsigned(kv_rows_all(p))), dim3(kHeadDim), 0,
                                      stream, args, early));
   return {};
 }

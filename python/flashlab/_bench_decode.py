@@ -7,7 +7,13 @@ on the keys and values the cache holds.
 - dense_kv: those keys and values as [B, L, Hkv, D], gathered through the block table, the
   appended rows last: what a peer without a KV cache attends to.
 - flashlab_runner: flashlab.flash_attn_with_kvcache, the Python call, on an input set; for an
-  entry named <kernel>+rotary (--rotary) with rotary tables too.
+  entry named <kernel>+rotary (--rotary) with rotary tables too. An entry named
+  <kernel>+cached (every --append run) is the plain decode of the same keys: the new rows
+  are written into the cache once, before the entry is checked or timed, and each call then
+  attends to cache_seqlens + the new rows with nothing to append. The appending entries
+  write the same rows on every call, so every entry reads the same cache and is checked
+  against the same dense forward; an appending entry's time over this one's is what its
+  append costs.
 - identity_rotary: those tables: cos 1 and sin 0 over the cache's rows and head_dim / 2
   columns. The rotation leaves q and k as they are, so the entry's outputs are checked
   against the same dense forward as the others, while the kernels do the work of any
@@ -23,6 +29,7 @@ from typing import Callable, Dict, List
 
 Run = Callable[[int], Dict[str, object]]
 ROTARY = "+rotary"  # a FlashLab entry that appends with rotary (--rotary)
+CACHED = "+cached"  # a FlashLab entry that appends nothing, its new rows already cached (--append)
 
 
 def dense_kv(p, s: Dict[str, object]) -> List[object]:
@@ -57,20 +64,29 @@ def identity_rotary(s: Dict[str, object]) -> List[object]:
 
 def flashlab_runner(kernel: str, p, sets: List[Dict[str, object]]) -> Run:
     """flashlab.flash_attn_with_kvcache on input set i, appending k_new/v_new when present;
-    kernel "<name>+rotary" adds identity_rotary's tables (which need k_new)."""
+    kernel "<name>+rotary" adds identity_rotary's tables (which need k_new), and
+    "<name>+cached" appends the new rows once here and none per call."""
     import flashlab
 
-    rotary = kernel.endswith(ROTARY)
-    kernel = kernel[:-len(ROTARY)] if rotary else kernel
-    if rotary and not p.seqlen_new:
-        raise ValueError("rotary rotates the appended keys: the problem needs --append >= 1")
+    rotary, cached = kernel.endswith(ROTARY), kernel.endswith(CACHED)
+    kernel = kernel[:-len(ROTARY)] if rotary else kernel[:-len(CACHED)] if cached else kernel
+    if (rotary or cached) and not p.seqlen_new:
+        raise ValueError(f"{ROTARY if rotary else CACHED} needs appended rows: the problem needs --append >= 1")
     tables = [identity_rotary(s) if rotary else [None, None] for s in sets]
+    lens = [s["cache_seqlens"] for s in sets]
+    if cached:
+        for i, s in enumerate(sets):  # the rows every appending call writes, written once
+            flashlab.flash_attn_with_kvcache(s["q"], s["k"], s["v"], k=s["k_new"], v=s["v_new"],
+                                             cache_seqlens=lens[i], block_table=s.get("block_table"),
+                                             causal=p.causal, kernel=kernel)
+        lens = [n + p.seqlen_new for n in lens]
 
     def run(i: int) -> Dict[str, object]:
         s = sets[i]
+        new = {} if cached else {"k": s.get("k_new"), "v": s.get("v_new")}
         out = flashlab.flash_attn_with_kvcache(
-            s["q"], s["k"], s["v"], k=s.get("k_new"), v=s.get("v_new"),
-            rotary_cos=tables[i][0], rotary_sin=tables[i][1], cache_seqlens=s["cache_seqlens"],
+            s["q"], s["k"], s["v"], **new,
+            rotary_cos=tables[i][0], rotary_sin=tables[i][1], cache_seqlens=lens[i],
             block_table=s.get("block_table"), causal=p.causal, kernel=kernel)
         return {"out": out}
     return run

@@ -78,6 +78,7 @@ def gpu_impls(args, backward: bool, decode: bool = False) -> List[str]:
     if decode:
         ours = [k for k in args.kernels or ["auto"] if k == "auto" or names.get(k, {}).get("kvcache")]
         ours += [k + _bench_decode.ROTARY for k in ours] if args.rotary else []
+        ours += [k + _bench_decode.CACHED for k in ours if not k.endswith(_bench_decode.ROTARY)] if args.append else []
         impls = [f"flashlab:{k}" for k in ours] + [q for q in DECODE_PEERS if q in (args.peers or DECODE_PEERS)]
         return impls + ([i + GRAPH for i in impls] if args.graphs else [])
     if args.kernels:
@@ -95,6 +96,7 @@ def gpu_impls(args, backward: bool, decode: bool = False) -> List[str]:
 def cpu_impls(args) -> List[str]:
     kernels = args.kernels or ["cpu_flash", "cpu_reference"]
     kernels += [k + _bench_decode.ROTARY for k in kernels] if args.decode and args.rotary else []
+    kernels += [k + _bench_decode.CACHED for k in kernels if not k.endswith(_bench_decode.ROTARY)] if args.decode and args.append else []
     return [f"flashlab:{k}" for k in kernels] + [q for q in CPU_PEERS if q in (args.peers or CPU_PEERS)]
 
 
@@ -158,7 +160,7 @@ def native_entry(impl: str, p) -> bool:
     backward. Its training step goes through flashlab.flash_attn_func and torch autograd,
     like the peers' (make_flashlab), as a model's step does."""
     return impl.startswith("flashlab:") and not impl.endswith(GRAPH) and \
-        _bench_decode.ROTARY not in impl and not p.train
+        not impl.endswith((_bench_decode.ROTARY, _bench_decode.CACHED)) and not p.train
 
 
 def prepare(bench, impl: str, p, sets) -> object:
@@ -338,7 +340,9 @@ def parse_args(argv=None):
                         "pool (0: contiguous)")
     p.add_argument("--append", type=int, default=0,
                    help="--decode: rows each call appends (k_new/v_new); it still attends to "
-                        "the cache length")
+                        "the cache length. Each FlashLab entry also runs as <entry>+cached: the "
+                        "same keys with the new rows written into the cache beforehand and none "
+                        "appended (the plain decode an append's cost is read against)")
     p.add_argument("--rotary", action="store_true",
                    help="--decode with --append: also each FlashLab entry with rotary "
                         "(<entry>+rotary, through flash_attn_with_kvcache; identity tables, so "

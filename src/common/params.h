@@ -95,8 +95,6 @@ struct BwdParams : AttnParams {
 //   page j of sequence b: block_table[b][j] clamped to [0, cache_rows);
 //   a rotary position (c_b + t for new row t; c_b + i for query i, or c_b for every query
 //   without rotary_per_query) clamped to [0, seqlen_ro).
-// With rotary the append kernel writes the rotated q, [batch, seqlen_q, heads_q, head_dim]
-// contiguous, to q_rot (in the workspace), and the attention kernel reads q from there.
 struct KvCacheParams : AttnParams {
   const void* k_new = nullptr;  // [batch, seqlen_new, heads_kv, head_dim]; null: no append
   const void* v_new = nullptr;
@@ -118,7 +116,6 @@ struct KvCacheParams : AttnParams {
   int rotary_dim = 0, seqlen_ro = 0;
   bool rotary_interleaved = false;  // pairs (2i, 2i + 1), else (i, i + rotary_dim / 2)
   bool rotary_per_query = false;    // query i at c_b + i (causal or local), else all at c_b
-  void* q_rot = nullptr;            // set by the kernel's dispatch: where the rotated q goes
 };
 
 // Sequence bounds of batch entry b, read on the host (CPU kernels only: GPU kernels read

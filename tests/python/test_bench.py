@@ -293,10 +293,15 @@ def test_a_cpu_decode_run_reports_gbps(tmp_path, capsys):
     assert "### decode forward (GB/s of K+V read)" in out
     assert "| 1x1x200x4/2x32 paged(16) append(1) | no |" in out
     recs = json.loads((tmp_path / "bench.json").read_text())["results"]
-    ours = [r for r in recs if r["impl"].startswith("flashlab:")]
+    ours = [r for r in recs if r["impl"].startswith("flashlab:") and "+" not in r["impl"]]
     assert sorted((r["impl"], r["seqlen_k"]) for r in ours) == \
         [(f"flashlab:{k}", s) for k in ("cpu_flash", "cpu_reference") for s in (64, 200)]
     assert all(r["status"] == "ok" and r["gbps"] > 0 and r["decode"] for r in ours)
+    # An appending run also times each kernel's plain decode of the same keys (through
+    # torch: refused without it, and checked and timed in the torch test below).
+    cached = [r for r in recs if r["impl"].endswith("+cached")]
+    assert sorted(r["impl"] for r in cached) == \
+        sorted(f"flashlab:{k}+cached" for k in ("cpu_flash", "cpu_reference") for _ in (64, 200))
 
 
 def test_decode_flags_and_entries():
@@ -320,7 +325,7 @@ def test_decode_flags_and_entries():
 
 
 @pytest.mark.torch
-def test_a_cpu_decode_run_with_rotary_checks_and_times_it(tmp_path, capsys):
+def test_a_cpu_decode_run_with_rotary_checks_and_times_it_and_the_plain_decode(tmp_path, capsys):
     rc = bench.main(["--device", "cpu", "--decode", "--seqlens", "64", "--heads", "4",
                      "--heads-kv", "2", "--hdim", "32", "--page-size", "16", "--append", "1",
                      "--rotary", "--kernels", "cpu_flash", "--peers", "sdpa_cpu", "--budget",
@@ -328,8 +333,9 @@ def test_a_cpu_decode_run_with_rotary_checks_and_times_it(tmp_path, capsys):
                      str(tmp_path)])
     assert rc == 0, capsys.readouterr().out
     recs = json.loads((tmp_path / "bench.json").read_text())["results"]
-    rotary = [r for r in recs if r["impl"] == "flashlab:cpu_flash+rotary"]
-    assert len(rotary) == 1 and rotary[0]["status"] == "ok" and rotary[0]["gbps"] > 0
+    for entry in ("flashlab:cpu_flash+rotary", "flashlab:cpu_flash+cached"):
+        rec = [r for r in recs if r["impl"] == entry]
+        assert len(rec) == 1 and rec[0]["status"] == "ok" and rec[0]["gbps"] > 0, entry
 
 
 # ---- CUDA: one stream for the harness and the peers ---------------------------------------------

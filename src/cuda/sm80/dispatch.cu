@@ -224,19 +224,11 @@ int kv_splits(const KvCacheParams& p) {
 }
 
 // The workspace: split-KV's partial O and LSE per split and row (kv_kernel.cuh; none with
-// one split), then with rotary the rotated q [batch, seqlen_q, heads_q, head_dim] from a
-// 256-byte boundary (kv_append.cuh).
-size_t kv_partials_bytes(const KvCacheParams& p, int splits) {
+// one split).
+size_t kv_workspace_bytes(const KvCacheParams& p, int splits) {
   if (splits == 1) return 0;
   return size_t(splits) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q) *
          size_t(p.head_dim_v + 1) * sizeof(float);
-}
-size_t kv_q_rot_offset(const KvCacheParams& p, int splits) { return (kv_partials_bytes(p, splits) + 255) / 256 * 256; }
-
-size_t kv_workspace_bytes(const KvCacheParams& p, int splits) {
-  if (p.rotary_cos == nullptr) return kv_partials_bytes(p, splits);
-  return kv_q_rot_offset(p, splits) + size_t(p.batch) * size_t(p.seqlen_q) * size_t(p.heads_q) *
-                                           size_t(p.head_dim) * dtype_size(p.dtype);
 }
 size_t workspace_kv(const KvCacheParams& p) { return kv_workspace_bytes(p, kv_splits(p)); }
 
@@ -253,9 +245,7 @@ Status run_kv(const KvCacheParams& p) {
             "workspace_bytes (" + std::to_string(p.workspace_bytes) + ") is smaller than the " +
                 std::to_string(splits) + " splits of this call need (" +
                 std::to_string(kv_workspace_bytes(p, splits)) + ")"};
-  KvCacheParams r = p;
-  if (p.rotary_cos != nullptr) r.q_rot = static_cast<char*>(p.workspace) + kv_q_rot_offset(p, splits);
-  return entries_for<KvEntries>(r).run(r, splits);
+  return entries_for<KvEntries>(p).run(p, splits);
 }
 
 }  // namespace

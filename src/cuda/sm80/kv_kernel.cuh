@@ -1,13 +1,16 @@
 // cute_fa2's KV-cache forward (flash-decoding): attention of a few query rows against a long
-// cache, where the work is reading K and V and the tensor cores idle. Three kernels on one
+// cache, where the work is reading K and V and the tensor cores idle. Two kernels on one
 // stream:
-//   append    the new rows k_new/v_new written into the cache at cache_seqlens[b], with
-//             rotary k_new and q rotated on the way (kv_append.cuh);
 //   split-KV  one CTA per (sequence, KV head, split of the keys, block of packed rows): the
 //             softmax of its rows over its share of the keys, written as a partial O (fp32,
-//             normalized) and its LSE; with one split, O and LSE directly;
+//             normalized) and its LSE; with one split, O and LSE directly. It also appends:
+//             the new rows k_new/v_new go into the cache at cache_seqlens[b] (dealt over the
+//             CTAs of their sequence and KV head, k rotated with rotary), and the CTAs that
+//             attend to them read them from k_new/v_new; with rotary each CTA turns its own
+//             q rows as it loads them;
 //   combine   the splits merged per row: LSE = log Σ_s e^LSE_s, O = Σ_s e^(LSE_s − LSE) O_s
-//             (docs/learn/flash-decoding.md derives it).
+//             (kv_partials.cuh; docs/learn/flash-decoding.md derives it).
+// A call with no query rows runs kv_append.cuh's append kernel alone.
 //
 // GQA packing: the g = heads_q / heads_kv query heads that share a KV head are one CTA's rows,
 // packed row r = i·g + j for query i and head j of the group, so K and V are read once per
@@ -18,7 +21,8 @@
 // Loads: a ring of (K, V) tiles in shared memory (KvConfig::kStages), filled by cp.async
 // with one address per cache row; the tiles after the one in the MMAs are in flight while
 // they run. A paged cache costs one block_table read per tile where pages hold whole tiles,
-// else one per row of the thread's, all issued before its first copy and shared by K and V.
+// else one per row of the thread's, shared by K and V and issued one tile ahead: a tile's
+// table reads go out right after the previous tile's copies.
 // Every table value is clamped before use (KvCacheParams, common/params.h).
 //
 // The MMA side is the forward's (fwd_kernel.cuh): S = Q Kᵀ from shared memory (gemm_ss), the
@@ -37,6 +41,7 @@
 #include "cuda/sm80/fwd_traits.h"
 #include "cuda/sm80/kv_append.cuh"
 #include "cuda/sm80/kv_instance.h"
+#include "cuda/sm80/kv_partials.cuh"
 
 namespace flashlab::sm80 {
 
@@ -110,64 +115,6 @@ __device__ __forceinline__ void mask_packed(S& s, C const& coords, const MaskPol
   }
 }
 
-// The partials of split-KV (workspace): O [splits, rows_all, head_dim_v] and LSE
-// [splits, rows_all], rows_all = batch·heads_q·seqlen_q, row (b, h, i) at (b·heads_q + h)·seqlen_q + i.
-__host__ __device__ __forceinline__ int64_t kv_rows_all(const KvCacheParams& p) {
-  return int64_t(p.batch) * p.heads_q * p.seqlen_q;
-}
-__host__ __device__ __forceinline__ float* kv_lse_partial(const KvCacheParams& p, int splits) {
-  return static_cast<float*>(p.workspace) + splits * kv_rows_all(p) * p.head_dim_v;
-}
-
-// The merge of partial softmaxes of one row (split-KV's splits, or one CTA's warps), each a
-// normalized O_s with its LSE_s: LSE = log Σ_s e^LSE_s, O = Σ_s e^(LSE_s − LSE) O_s, taken
-// about the parts' max m. A part that saw no key has LSE_s = −inf: it weighs 0 and its O is
-// not read; if no part saw a key, LSE = −inf and O = 0.
-__device__ __forceinline__ float part_exp(float lse_s, float m) {  // e^(LSE_s − m)
-  return m == -INFINITY ? 0.f : __expf(lse_s - m);
-}
-__device__ __forceinline__ float merged_lse(float m, float sum) {  // m + log Σ_s e^(LSE_s − m)
-  return sum > 0.f ? m + __logf(sum) : -INFINITY;
-}
-
-// Where a CTA's results go: packed row pr of (sequence b, KV head hk) is query pr / g of
-// head hk·g + pr % g; with one split its normalized O goes to out and its LSE to lse, else
-// both to this split's partials.
-template <class Element>
-struct KvOut {
-  const KvCacheParams& p;
-  int b, hk, split, splits;
-
-  // Packed row pr's query i and query head h.
-  __device__ __forceinline__ int2 coords(int pr) const {
-    return make_int2(pr / p.group, hk * p.group + pr % p.group);
-  }
-  __device__ __forceinline__ int64_t partial_row(int pr) const {
-    const int2 ih = coords(pr);
-    return split * kv_rows_all(p) + (int64_t(b) * p.heads_q + ih.y) * p.seqlen_q + ih.x;
-  }
-  // Columns col and col + 1 of packed row pr.
-  __device__ __forceinline__ void o2(int pr, int col, float v0, float v1) const {
-    if (splits > 1) {
-      float* o = static_cast<float*>(p.workspace) + partial_row(pr) * p.head_dim_v + col;
-      *reinterpret_cast<float2*>(o) = make_float2(v0, v1);
-      return;
-    }
-    const int2 ih = coords(pr);
-    Element* o = static_cast<Element*>(p.out) + b * p.o_batch_stride + ih.x * p.o_row_stride +
-                 ih.y * p.o_head_stride + col;
-    o[0] = Element(v0), o[1] = Element(v1);
-  }
-  __device__ __forceinline__ void lse(int pr, float v) const {
-    if (splits > 1) {
-      kv_lse_partial(p, splits)[partial_row(pr)] = v;
-    } else if (p.lse != nullptr) {
-      const int2 ih = coords(pr);
-      p.lse[b * p.lse_batch_stride + ih.y * p.lse_head_stride + ih.x] = v;
-    }
-  }
-};
-
 // grid (batch·heads_kv, splits, row blocks), Tr::kNThreads threads. Two ways to spread the
 // MMAs over the 4 warps, picked at launch:
 //   kKeysPerWarp = false: warp w owns packed rows [16w, 16w + 16) of the 64 and all keys of
@@ -177,7 +124,9 @@ struct KvOut {
 //     and the four (max, sum, O) are merged through shared memory at the end, as split-KV
 //     merges splits. On an H200 a decode step's single math warp (the first arrangement)
 //     kept the other warps waiting at the tile barrier for 42% of their cycles.
-template <class Tr, int kStages, bool kKeysPerWarp>
+// kAppend: the call appends (k_new given, rotary only then). A call without is compiled
+// without the append's and rotary's code, which cost the paged loop registers and time.
+template <class Tr, int kStages, bool kKeysPerWarp, bool kAppend>
 __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     kv_kernel(const __grid_constant__ KvCacheParams p, int splits) {
   using Element = typename Tr::Element;
@@ -187,8 +136,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kHeadDim = Tr::kHeadDim;
   constexpr int kWarps = Tr::kNWarps;
   static_assert(!kKeysPerWarp || kBlockN == 16 * kWarps, "16 keys per warp and tile");
-  // Launched early (launch_after): nothing is read before the prior kernel (the append, or
-  // whatever wrote q and the cache) has ended; the combine may then be launched.
+  // Launched early (launch_after): nothing is read before the prior kernel (whatever wrote q,
+  // the new rows and the cache) has ended; the combine may then be launched.
   cuda::wait_for_prior_grid();
   cuda::allow_dependents();
 
@@ -201,6 +150,18 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   const MaskPolicy mask = p.mask;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const KvOut<Element> out{p, b, hk, split, splits};
+
+  // ---- the append, fused: new row t goes to cache row c_b + t, written by one of the CTAs
+  // of its (sequence, KV head), dealt round-robin, once the CTA's first copies are in flight.
+  // A CTA whose keys include new rows reads them from k_new/v_new instead (rotated in shared
+  // memory), so no CTA of this grid reads a cache row that another writes.
+  const bool append = kAppend && p.seqlen_new > 0;
+  const bool rotary = kAppend && p.rotary_cos != nullptr;
+  auto write_new_rows = [&] {
+    if (!append) return;
+    const int writers = int(gridDim.y * gridDim.z), me = int(blockIdx.z * gridDim.y + blockIdx.y);
+    for (int t = me; t < p.seqlen_new; t += writers) append_row<Element>(p, seq, b, hk, t);
+  };
 
   // The key tiles some row of this block sees, and this split's share of them.
   const int i_lo = r0 / g, i_hi = (r0 + rows - 1) / g + 1;
@@ -230,6 +191,9 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride;
   const Element* k_cache = static_cast<const Element*>(p.k) + hk * p.k_head_stride;
   const Element* v_cache = static_cast<const Element*>(p.v) + hk * p.v_head_stride;
+  // The new rows of this (sequence, KV head), row t at k_fresh + t·kn_row_stride (appending).
+  const Element* k_fresh = append ? static_cast<const Element*>(p.k_new) + b * p.kn_batch_stride + hk * p.kn_head_stride : nullptr;
+  const Element* v_fresh = append ? static_cast<const Element*>(p.v_new) + b * p.vn_batch_stride + hk * p.vn_head_stride : nullptr;
   auto q_row = [&](int row, int) -> const Element* {
     if (row >= rows) return nullptr;
     const int pr = r0 + row;
@@ -242,21 +206,43 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // MMA's 0 · NaN (docs/DESIGN.md, non-finite values).
   const bool tile_in_page = p.block_table == nullptr || p.page_size % kBlockN == 0;
   constexpr int kRowsPerThread = decltype(size<1>(tKVcKV))::value;
+  // A paged cache's table reads for tile n, the entries as written: where pages hold whole
+  // tiles the page of its first row (tile_page), else the pages of this thread's rows (page[m];
+  // rows outside [kb, ke) are not looked up). load_kv clamps them when it uses them.
+  auto read_pages = [&](int n, int* page, int& tile_page) {
+    if (p.block_table == nullptr) return;
+    const int j0 = n * kBlockN, first = seq.start + j0;
+    if (tile_in_page) {
+      tile_page = page_entry(p, b, first);
+      return;
+    }
+    CUTE_UNROLL
+    for (int m = 0; m < kRowsPerThread; ++m) {
+      const int row = get<0>(tKVcKV(0, m, 0)), key = j0 + row;
+      page[m] = key >= kb && key < ke ? page_entry(p, b, first + row) : 0;
+    }
+  };
+  // load_kv goes down one tile at a time (n, then n − 1): the next tile's table reads are
+  // issued right after this tile's copies and first used by the next load_kv, so their
+  // latency passes during a tile's math instead of holding back the next tile's copies.
+  int page_next[kRowsPerThread] = {}, tile_page_next = 0;
+  int next_tile = -1;
   auto load_kv = [&](int n, int st) {
     const int j0 = n * kBlockN;  // key j is cache row seq.start + j (paged: start 0)
     const int first = seq.start + j0;  // the tile's first cache row
-    const int64_t k_base = tile_in_page ? cache_offset(p, seq, b, first, p.k_batch_stride, p.k_row_stride) : 0;
-    const int64_t v_base = tile_in_page ? cache_offset(p, seq, b, first, p.v_batch_stride, p.v_row_stride) : 0;
-    // Pages smaller than a tile: the pages of this thread's rows, all looked up before the
-    // first copy is issued (one table latency per tile, not one per row), for K and V alike.
-    int page[kRowsPerThread] = {};
-    if (!tile_in_page) {
+    int page[kRowsPerThread] = {}, tile_page = 0;
+    if (next_tile == n) {
       CUTE_UNROLL
-      for (int m = 0; m < kRowsPerThread; ++m) {
-        const int row = get<0>(tKVcKV(0, m, 0)), key = j0 + row;
-        if (key >= kb && key < ke) page[m] = int(page_of(p, b, first + row));
-      }
+      for (int m = 0; m < kRowsPerThread; ++m) page[m] = page_next[m];
+      tile_page = tile_page_next;
+    } else {
+      read_pages(n, page, tile_page);
     }
+    CUTE_UNROLL
+    for (int m = 0; m < kRowsPerThread; ++m) page[m] = clamp_to(page[m], 0, p.cache_rows - 1);
+    tile_page = clamp_to(tile_page, 0, p.cache_rows - 1);
+    const int64_t k_base = tile_in_page ? row_offset(p, seq, tile_page, first, p.k_batch_stride, p.k_row_stride) : 0;
+    const int64_t v_base = tile_in_page ? row_offset(p, seq, tile_page, first, p.v_batch_stride, p.v_row_stride) : 0;
     auto row_of = [&](const Element* cache, int64_t base, int64_t batch_stride, int64_t row_stride) {
       return [=, &p, &page](int row, int m) -> const Element* {
         const int key = j0 + row;
@@ -265,30 +251,125 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
                                      : page[m] * batch_stride + int64_t((first + row) % p.page_size) * row_stride);
       };
     };
+    // A tile with new rows (appending: a sequence's last tile or two) takes them from k_new/v_new.
+    auto fresh_or = [&](auto cache_row, const Element* fresh, int64_t fresh_row_stride) {
+      return [=](int row, int m) -> const Element* {
+        if (first + row >= seq.cached && j0 + row >= kb && j0 + row < ke)
+          return fresh + (first + row - seq.cached) * fresh_row_stride;
+        return cache_row(row, m);
+      };
+    };
     auto dst_k = gmem_thr.partition_D(sK(st));
     auto dst_v = gmem_thr.partition_D(make_tensor(make_smem_ptr(smem_v(st)), typename Tr::SmemLayoutKV{}));
-    // Every tile but a sequence's first and last: all rows seen and in one page, so row r is
-    // base + r·row_stride with no test per row.
-    if (tile_in_page && j0 >= kb && j0 + kBlockN <= ke) {
+    const bool fresh = append && first + kBlockN > seq.cached;
+    if (fresh) {
+      load_rows(dst_k, tKVcKV, fresh_or(row_of(k_cache, k_base, p.k_batch_stride, p.k_row_stride), k_fresh, p.kn_row_stride));
+      load_rows(dst_v, tKVcKV, fresh_or(row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride), v_fresh, p.vn_row_stride));
+    } else if (tile_in_page && j0 >= kb && j0 + kBlockN <= ke) {
+      // Every tile but a sequence's first and last: all rows seen and in one page, so row r
+      // is base + r·row_stride with no test per row.
       const Element* k_tile = k_cache + k_base;
       const Element* v_tile = v_cache + v_base;
       load_rows<true>(dst_k, tKVcKV, [&](int row, int) { return k_tile + row * p.k_row_stride; });
       load_rows<true>(dst_v, tKVcKV, [&](int row, int) { return v_tile + row * p.v_row_stride; });
-      return;
+    } else {
+      load_rows(dst_k, tKVcKV, row_of(k_cache, k_base, p.k_batch_stride, p.k_row_stride));
+      load_rows(dst_v, tKVcKV, row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride));
     }
-    load_rows(dst_k, tKVcKV, row_of(k_cache, k_base, p.k_batch_stride, p.k_row_stride));
-    load_rows(dst_v, tKVcKV, row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride));
+    next_tile = -1;
+    if (n - 1 >= n_begin) {
+      read_pages(n - 1, page_next, tile_page_next);
+      next_tile = n - 1;
+    }
+  };
+
+  // ---- rotary: q's rows and the new keys turned in shared memory ----
+  // Q and the first tile come in by cp.async as without rotary; once they land, the block
+  // turns each pair in place: q's row of query i at c_b + i (rotary_per_query) or c_b, a new
+  // key (read from k_new) at its cache row c_b + t, as append_row turns its copy. A thread
+  // takes every kNThreads-th pair, kRotaryBatch at a time, its first batch's tables read
+  // before the prologue's copies. A later tile's new keys are turned at its turn in the ring.
+  constexpr int kRotaryBatch = 4;
+  const int half = p.rotary_dim / 2;
+  auto fresh_rows = [&](int n, int& lo, int& hi) {  // tile n's new keys to turn: rows [lo, hi)
+    const int first = seq.start + n * kBlockN;
+    lo = max(0, seq.cached - first), hi = min(kBlockN, seq.cached + p.seqlen_new - first);
+    if (!append || !rotary || lo >= hi) lo = hi = 0;
+    return lo < hi;
+  };
+  struct Pair { int row, c, pos; bool q; };  // pair c of row `row` (of Q, else of K), at pos
+  // Pair e of tile n's turn (n == n_end − 1: Q's pairs first, nq of them).
+  auto pair_of = [&](int e, int n, int nq, int lo) -> Pair {
+    if (e < nq) return {e / half, e % half, seq.cached + (p.rotary_per_query ? (r0 + e / half) / g : 0), true};
+    const int row = lo + (e - nq) / half;
+    return {row, (e - nq) % half, seq.start + n * kBlockN + row, false};
+  };
+  // The tables' values stay as loaded (no conversion) until turn uses them, so that a load
+  // issued ahead holds nothing up before its use.
+  auto table = [&](const Pair& x, Element& cs, Element& sn) {
+    const int64_t pos = clamp_to(x.pos, 0, p.seqlen_ro - 1);
+    cs = static_cast<const Element*>(p.rotary_cos)[pos * p.rotary_cos_stride + x.c];
+    sn = static_cast<const Element*>(p.rotary_sin)[pos * p.rotary_sin_stride + x.c];
+  };
+  auto turn = [&](const Pair& x, int st, Element cs, Element sn) {
+    const int ia = p.rotary_interleaved ? 2 * x.c : x.c, ib = p.rotary_interleaved ? 2 * x.c + 1 : x.c + half;
+    auto t = [&](auto&& m) {
+      rotate_pair(m(x.row, ia), m(x.row, ib), Element(m(x.row, ia)), Element(m(x.row, ib)), float(cs), float(sn));
+    };
+    if (x.q) t(sQ);
+    else t(sK(st));
+  };
+  // Tile n's turn in stage st (with Q's rows when first), by the block; `cs`/`sn` the tables
+  // of the thread's first batch, already read when `ahead`.
+  auto rotate = [&](int n, int st, bool first, bool ahead, Element* cs, Element* sn) {
+    int lo = 0, hi = 0;
+    fresh_rows(n, lo, hi);
+    const int nq = first ? rows * half : 0, count = nq + (hi - lo) * half;
+    for (int e0 = tid; e0 < count; e0 += kRotaryBatch * Tr::kNThreads) {
+      CUTE_UNROLL
+      for (int j = 0; j < kRotaryBatch; ++j) {
+        const int e = e0 + j * Tr::kNThreads;
+        if ((!ahead || e0 != tid) && e < count) table(pair_of(e, n, nq, lo), cs[j], sn[j]);
+      }
+      CUTE_UNROLL
+      for (int j = 0; j < kRotaryBatch; ++j) {
+        const int e = e0 + j * Tr::kNThreads;
+        if (e < count) turn(pair_of(e, n, nq, lo), st, cs[j], sn[j]);
+      }
+    }
   };
 
   // ---- the ring: tile n in the MMAs (math(n, st)) while the next kStages − 1 tiles load ----
   // Prologue: Q and the first kStages − 1 tiles, one cp.async group each (empty groups
-  // where the split has fewer tiles), so that group i holds tile n_end − 1 − i.
+  // where the split has fewer tiles), so that group i holds tile n_end − 1 − i (Q is in
+  // group 0). With rotary the prologue then waits for group 0 and turns Q and the tile.
   auto mainloop = [&](auto&& math) {
-    if (n_end > n_begin) load_rows(tQsQ, tQcQ, q_row);
+    if (n_end <= n_begin) {
+      write_new_rows();
+      return;
+    }
+    Element cs[kRotaryBatch], sn[kRotaryBatch];
+    if (rotary) {
+      int lo = 0, hi = 0;
+      fresh_rows(n_end - 1, lo, hi);
+      const int nq = rows * half, count = nq + (hi - lo) * half;
+      CUTE_UNROLL
+      for (int j = 0; j < kRotaryBatch; ++j) {
+        const int e = tid + j * Tr::kNThreads;
+        if (e < count) table(pair_of(e, n_end - 1, nq, lo), cs[j], sn[j]);
+      }
+    }
+    load_rows(tQsQ, tQcQ, q_row);
     CUTE_UNROLL
     for (int i = 0; i < kStages - 1; ++i) {
       if (n_end - 1 - i >= n_begin) load_kv(n_end - 1 - i, i);
       cp_async_fence();
+    }
+    write_new_rows();
+    if (rotary) {
+      cp_async_wait<kStages - 2>();  // Q and tile n_end − 1
+      __syncthreads();
+      rotate(n_end - 1, 0, true, true, cs, sn);
     }
     int st = 0;
     for (int n = n_end - 1; n >= n_begin; --n) {
@@ -297,6 +378,11 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
       const int ahead = n - (kStages - 1);
       if (ahead >= n_begin) load_kv(ahead, st == 0 ? kStages - 1 : st - 1);
       cp_async_fence();
+      int lo, hi;
+      if (n < n_end - 1 && fresh_rows(n, lo, hi)) {  // the same answer in every thread
+        rotate(n, st, false, false, cs, sn);
+        __syncthreads();
+      }
       math(n, st);
       st = st + 1 == kStages ? 0 : st + 1;
     }
@@ -434,87 +520,24 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   }
 }
 
-// ---- combine -----------------------------------------------------------------------------
-// One CTA per row (b, h, i) of out and one thread per column: warp w sums columns
-// [32w, 32w + 32) of every split's O_s, each load of a warp 128 contiguous bytes. Every warp
-// merges the splits' LSEs itself (lane l holds splits l, l + 32, ...), so no warp waits on
-// another and nothing goes through shared memory. The loads of the first 32 splits' O_s are
-// issued beside the LSEs' loads, before any weight is known: a call of up to 32 splits waits
-// on memory once, where a weight-first order waits twice (the LSEs, then the O_s they weigh).
-// A split's weight e^(LSE_s − LSE) then multiplies its O_s. A split that saw no key has
-// LSE_s = −inf and weight 0: its O_s is read and not added. A split that met a NaN has
-// LSE_s = NaN (the split-KV kernel's epilogue), and the row is NaN. grid rows_all, kHeadDim
-// threads.
-template <class Element, int kHeadDim>
-__global__ void __launch_bounds__(kHeadDim) kv_combine_kernel(const __grid_constant__ KvCacheParams p,
-                                                              int splits) {
-  constexpr int kLsePerLane = kMaxSplits / 32;
-  static_assert(kHeadDim % 32 == 0 && kMaxSplits % 32 == 0);
-  const int64_t rows_all = kv_rows_all(p), row = blockIdx.x;
-  const int lane = threadIdx.x % 32, col = threadIdx.x;
-  cuda::wait_for_prior_grid();  // the split-KV kernel's partials (launched early)
-  cuda::allow_dependents();
-  const float* lse_s = kv_lse_partial(p, splits) + row;
-  const float* o_s = static_cast<const float*>(p.workspace) + row * kHeadDim + col;
-  const int64_t o_stride = rows_all * kHeadDim;  // from split s to split s + 1
-  float l[kLsePerLane], o[32];
-  CUTE_UNROLL
-  for (int j = 0; j < kLsePerLane; ++j) {
-    const int s = j * 32 + lane;
-    l[j] = s < splits ? lse_s[s * rows_all] : -INFINITY;
-  }
-  CUTE_UNROLL
-  for (int s = 0; s < 32; ++s) o[s] = s < splits ? o_s[s * o_stride] : 0.f;
-
-  float m = -INFINITY, sum = 0.f;
-  bool nan = false;  // a split's part saw a NaN (its LSE is NaN): so does the row
-  CUTE_UNROLL
-  for (int j = 0; j < kLsePerLane; ++j) m = fmaxf(m, l[j]), nan |= l[j] != l[j];
-  for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
-  CUTE_UNROLL
-  for (int j = 0; j < kLsePerLane; ++j) sum += part_exp(l[j], m);
-  for (int d = 16; d > 0; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
-  nan = __any_sync(0xffffffffu, nan);
-  const float lse = nan ? NAN : merged_lse(m, sum);
-
-  // Split s's weight is lane s % 32's w[s / 32]; the splits go 32 at a time, the first 32
-  // splits' O_s already loaded.
-  float acc = 0.f;
-  CUTE_UNROLL
-  for (int j = 0; j < kLsePerLane; ++j) {
-    if (j * 32 >= splits) break;
-    if (j > 0) {
-      CUTE_UNROLL
-      for (int i = 0; i < 32; ++i) o[i] = j * 32 + i < splits ? o_s[(j * 32 + i) * o_stride] : 0.f;
-    }
-    const float w = l[j] == -INFINITY ? 0.f : part_exp(l[j], lse);
-    CUTE_UNROLL
-    for (int i = 0; i < 32; ++i) {
-      const float w_s = __shfl_sync(0xffffffffu, w, i);
-      if (w_s != 0.f) acc += w_s * o[i];
-    }
-  }
-
-  const int i = int(row % p.seqlen_q), h = int(row / p.seqlen_q % p.heads_q),
-            b = int(row / p.seqlen_q / p.heads_q);
-  Element* out = static_cast<Element*>(p.out) + b * p.o_batch_stride + i * p.o_row_stride +
-                 h * p.o_head_stride;
-  out[col] = Element(nan ? NAN : acc);
-  if (col == 0 && p.lse != nullptr) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + i] = lse;
-}
-
 // ---- launch ------------------------------------------------------------------------------
 // The kernel for p: keys spread over the warps where a block has at most 16 packed rows
-// and a tile has 16 keys per warp (head dims up to 128), else rows spread over them.
-template <DType kDtype, int kHeadDim>
-const void* kv_kernel_for(const KvCacheParams& p) {
+// and a tile has 16 keys per warp (head dims up to 128), else rows spread over them; the
+// appending kernel where p appends.
+template <DType kDtype, int kHeadDim, bool kAppend>
+const void* kv_kernel_of(const KvCacheParams& p) {
   using Config = KvConfig<kDtype, kHeadDim>;
   using Tr = typename Config::Traits;
   if constexpr (Tr::kBlockN == 16 * Tr::kNWarps) {
     if (kv_row_blocks(p, 16) <= 1)
-      return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, true>);
+      return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, true, kAppend>);
   }
-  return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, false>);
+  return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, false, kAppend>);
+}
+template <DType kDtype, int kHeadDim>
+const void* kv_kernel_for(const KvCacheParams& p) {
+  return p.k_new != nullptr && p.seqlen_new > 0 ? kv_kernel_of<kDtype, kHeadDim, true>(p)
+                                                : kv_kernel_of<kDtype, kHeadDim, false>(p);
 }
 
 template <DType kDtype, int kHeadDim>
@@ -528,25 +551,20 @@ Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
   // waiting when the kernel before it ends.
   const void* combine = reinterpret_cast<const void*>(kv_combine_kernel<Element, kHeadDim>);
   const bool early = cuda::has_dependent_launch(combine);
-  if (p.k_new != nullptr && kv_append_rows(p) > 0) {
+  // The split-KV kernel appends itself (see kv_kernel); a call with no query rows appends
+  // through the append kernel alone.
+  const int row_blocks = int(kv_row_blocks(p, Tr::kBlockM));
+  if (row_blocks == 0 && p.k_new != nullptr && p.seqlen_new > 0) {
     KvCacheParams ap = p;
     void* append_args[] = {&ap};
     FL_CUDA_CHECK(cuda::launch_after(reinterpret_cast<const void*>(kv_append_kernel<Element>),
-                                     dim3(kv_append_rows(p), p.heads_kv, p.batch), dim3(128), 0,
+                                     dim3(p.seqlen_new, p.heads_kv, p.batch), dim3(128), 0,
                                      stream, append_args, early));
   }
   // The API runs a call with no query rows only for its append (src/api/dispatch.cpp's
   // nothing_to_write): then the append is the whole call.
-  const int row_blocks = int(kv_row_blocks(p, Tr::kBlockM));
   if (row_blocks == 0) return {};
-  // With rotary the attention reads the q that the append kernel wrote, contiguous.
   KvCacheParams a = p;
-  if (p.rotary_cos != nullptr) {
-    a.q = p.q_rot;
-    a.q_head_stride = p.head_dim;
-    a.q_row_stride = int64_t(p.heads_q) * p.head_dim;
-    a.q_batch_stride = a.q_row_stride * p.seqlen_q;
-  }
   const void* kernel = kv_kernel_for<kDtype, kHeadDim>(a);
   if (Config::kSmemBytes > 48 * 1024)
     FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

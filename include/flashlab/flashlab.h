@@ -211,8 +211,8 @@ struct BackwardArgs : CommonArgs {
 // seqlen_new] (max_pages·page_size for a paged cache), cache_batch_idx[b] to
 // [0, batch_cache), block_table entries to [0, num_pages), cache_leftpad[b] to
 // [0, cache_seqlens[b]], rotary positions to [0, seqlen_ro). cache_seqlens is required with
-// k_new. The workspace holds the splits' partial O and LSE (fp32) and, with rotary, the
-// rotated q (written by the append kernel, read by the attention kernel).
+// k_new. The workspace holds the splits' partial O and LSE (fp32); the append and rotary
+// need none (the attention kernel writes the new rows and rotates q in shared memory).
 struct KvCacheArgs : CommonArgs {
   Tensor q;            // [batch, seqlen_q, heads_q, head_dim]
   Tensor k_cache;      // [batch_cache, seqlen_cache, heads_kv, head_dim]; paged: [num_pages, page_size, heads_kv, head_dim]

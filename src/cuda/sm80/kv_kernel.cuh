@@ -6,8 +6,8 @@
 //             normalized) and its LSE; with one split, O and LSE directly. It also appends:
 //             the new rows k_new/v_new go into the cache at cache_seqlens[b] (dealt over the
 //             CTAs of their sequence and KV head, k rotated with rotary), and the CTAs that
-//             attend to them read them from k_new/v_new; with rotary each CTA turns its own
-//             q rows as it loads them;
+//             attend to them read them from k_new/v_new; with rotary each CTA turns its q
+//             rows and those new keys in shared memory once they have landed;
 //   combine   the splits merged per row: LSE = log Σ_s e^LSE_s, O = Σ_s e^(LSE_s − LSE) O_s
 //             (kv_partials.cuh; docs/learn/flash-decoding.md derives it).
 // A call with no query rows runs kv_append.cuh's append kernel alone.

@@ -78,16 +78,14 @@ __device__ __forceinline__ void rotate_heads(Element* dst, int64_t dst_head, con
   pos = clamp_to(pos, 0, p.seqlen_ro - 1);
   const Element* cos = static_cast<const Element*>(p.rotary_cos) + int64_t(pos) * p.rotary_cos_stride;
   const Element* sin = static_cast<const Element*>(p.rotary_sin) + int64_t(pos) * p.rotary_sin_stride;
-  const int half = p.rotary_dim / 2, rest = dim - p.rotary_dim;
-  for (int e = threadIdx.x; e < heads * half; e += blockDim.x) {
-    const int h = e / half, i = e % half;
-    const int ia = p.rotary_interleaved ? 2 * i : i, ib = p.rotary_interleaved ? 2 * i + 1 : i + half;
-    rotate_pair(dst[h * dst_head + ia], dst[h * dst_head + ib], src[h * src_head + ia],
-                src[h * src_head + ib], float(cos[i]), float(sin[i]));
-  }
-  for (int e = threadIdx.x; e < heads * rest; e += blockDim.x) {
-    const int h = e / rest, d = p.rotary_dim + e % rest;
-    dst[h * dst_head + d] = src[h * src_head + d];
+  const int half = p.rotary_dim / 2;
+  for (int h = 0; h < heads; ++h) {  // by head, so that no thread divides to find its pairs
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+      const int ia = p.rotary_interleaved ? 2 * i : i, ib = p.rotary_interleaved ? 2 * i + 1 : i + half;
+      rotate_pair(dst[h * dst_head + ia], dst[h * dst_head + ib], src[h * src_head + ia],
+                  src[h * src_head + ib], float(cos[i]), float(sin[i]));
+    }
+    for (int d = p.rotary_dim + threadIdx.x; d < dim; d += blockDim.x) dst[h * dst_head + d] = src[h * src_head + d];
   }
 }
 

@@ -21,9 +21,8 @@
 // Loads: a ring of (K, V) tiles in shared memory (KvConfig::kStages), filled by cp.async
 // with one address per cache row; the tiles after the one in the MMAs are in flight while
 // they run. A paged cache costs one block_table read per tile where pages hold whole tiles,
-// else one per row of the thread's, shared by K and V and issued one tile ahead: a tile's
-// table reads go out right after the previous tile's copies.
-// Every table value is clamped before use (KvCacheParams, common/params.h).
+// else one per row of the thread's, shared by K and V and issued one tile ahead (right after
+// the previous tile's copies). Every table value is clamped before use (common/params.h).
 //
 // The MMA side is the forward's (fwd_kernel.cuh): S = Q Kᵀ from shared memory (gemm_ss), the
 // online softmax in exp2 units, P in registers as O += P V's A operand (gemm_pv).
@@ -205,6 +204,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // the mask hides them anyway, and a NaN or Inf there would reach every row through the
   // MMA's 0 · NaN (docs/DESIGN.md, non-finite values).
   const bool tile_in_page = p.block_table == nullptr || p.page_size % kBlockN == 0;
+  const bool pages_split_tile = !tile_in_page && kBlockN % p.page_size == 0 && (p.page_size & (p.page_size - 1)) == 0;
   constexpr int kRowsPerThread = decltype(size<1>(tKVcKV))::value;
   // A paged cache's table reads for tile n, the entries as written: where pages hold whole
   // tiles the page of its first row (tile_page), else the pages of this thread's rows (page[m];
@@ -272,6 +272,15 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
       const Element* v_tile = v_cache + v_base;
       load_rows<true>(dst_k, tKVcKV, [&](int row, int) { return k_tile + row * p.k_row_stride; });
       load_rows<true>(dst_v, tKVcKV, [&](int row, int) { return v_tile + row * p.v_row_stride; });
+    } else if (pages_split_tile && j0 >= kb && j0 + kBlockN <= ke) {
+      // Pages of 2^k rows that split the tile, all rows seen: no test per row, no modulo.
+      const int mask_rows = p.page_size - 1;
+      load_rows<true>(dst_k, tKVcKV, [&](int row, int m) {
+        return k_cache + page[m] * p.k_batch_stride + int64_t(row & mask_rows) * p.k_row_stride;
+      });
+      load_rows<true>(dst_v, tKVcKV, [&](int row, int m) {
+        return v_cache + page[m] * p.v_batch_stride + int64_t(row & mask_rows) * p.v_row_stride;
+      });
     } else {
       load_rows(dst_k, tKVcKV, row_of(k_cache, k_base, p.k_batch_stride, p.k_row_stride));
       load_rows(dst_v, tKVcKV, row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride));
@@ -284,58 +293,54 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   };
 
   // ---- rotary: q's rows and the new keys turned in shared memory ----
-  // Q and the first tile come in by cp.async as without rotary; once they land, the block
-  // turns each pair in place: q's row of query i at c_b + i (rotary_per_query) or c_b, a new
-  // key (read from k_new) at its cache row c_b + t, as append_row turns its copy. A thread
-  // takes every kNThreads-th pair, kRotaryBatch at a time, its first batch's tables read
-  // before the prologue's copies. A later tile's new keys are turned at its turn in the ring.
-  constexpr int kRotaryBatch = 4;
-  const int half = p.rotary_dim / 2;
+  // Once Q and the first tile land, the block turns each pair in place: q's row of query i at
+  // c_b + i (rotary_per_query) or c_b, a new key (from k_new) at its cache row c_b + t, as
+  // append_row turns its copy. Thread t turns pair t of every row, so no thread divides to
+  // find its pairs. The tables of q's rows and of the first tile's first kRotaryAhead new
+  // keys are read before the prologue's copies and kept unconverted until used; a later
+  // tile's new keys are turned at its turn in the ring.
+  constexpr int kRotaryAhead = 2;
+  static_assert(Tr::kHeadDim / 2 <= Tr::kNThreads, "a thread for each pair of a row");
+  const int half = p.rotary_dim / 2, c_mine = tid;
   auto fresh_rows = [&](int n, int& lo, int& hi) {  // tile n's new keys to turn: rows [lo, hi)
     const int first = seq.start + n * kBlockN;
     lo = max(0, seq.cached - first), hi = min(kBlockN, seq.cached + p.seqlen_new - first);
     if (!append || !rotary || lo >= hi) lo = hi = 0;
     return lo < hi;
   };
-  struct Pair { int row, c, pos; bool q; };  // pair c of row `row` (of Q, else of K), at pos
-  // Pair e of tile n's turn (n == n_end − 1: Q's pairs first, nq of them).
-  auto pair_of = [&](int e, int n, int nq, int lo) -> Pair {
-    if (e < nq) return {e / half, e % half, seq.cached + (p.rotary_per_query ? (r0 + e / half) / g : 0), true};
-    const int row = lo + (e - nq) / half;
-    return {row, (e - nq) % half, seq.start + n * kBlockN + row, false};
+  auto table = [&](int pos, Element& cs, Element& sn) {  // pair c_mine's at position pos
+    const int64_t row = clamp_to(pos, 0, p.seqlen_ro - 1);
+    cs = static_cast<const Element*>(p.rotary_cos)[row * p.rotary_cos_stride + c_mine];
+    sn = static_cast<const Element*>(p.rotary_sin)[row * p.rotary_sin_stride + c_mine];
   };
-  // The tables' values stay as loaded (no conversion) until turn uses them, so that a load
-  // issued ahead holds nothing up before its use.
-  auto table = [&](const Pair& x, Element& cs, Element& sn) {
-    const int64_t pos = clamp_to(x.pos, 0, p.seqlen_ro - 1);
-    cs = static_cast<const Element*>(p.rotary_cos)[pos * p.rotary_cos_stride + x.c];
-    sn = static_cast<const Element*>(p.rotary_sin)[pos * p.rotary_sin_stride + x.c];
+  auto turn = [&](auto&& m, int row, Element cs, Element sn) {  // pair c_mine of m's row
+    const int ia = p.rotary_interleaved ? 2 * c_mine : c_mine, ib = p.rotary_interleaved ? 2 * c_mine + 1 : c_mine + half;
+    rotate_pair(m(row, ia), m(row, ib), Element(m(row, ia)), Element(m(row, ib)), float(cs), float(sn));
   };
-  auto turn = [&](const Pair& x, int st, Element cs, Element sn) {
-    const int ia = p.rotary_interleaved ? 2 * x.c : x.c, ib = p.rotary_interleaved ? 2 * x.c + 1 : x.c + half;
-    auto t = [&](auto&& m) {
-      rotate_pair(m(x.row, ia), m(x.row, ib), Element(m(x.row, ia)), Element(m(x.row, ib)), float(cs), float(sn));
-    };
-    if (x.q) t(sQ);
-    else t(sK(st));
-  };
-  // Tile n's turn in stage st (with Q's rows when first), by the block; `cs`/`sn` the tables
-  // of the thread's first batch, already read when `ahead`.
-  auto rotate = [&](int n, int st, bool first, bool ahead, Element* cs, Element* sn) {
+  auto q_pos = [&](int row) { return seq.cached + (p.rotary_per_query ? (r0 + row) / g : 0); };
+  auto key_pos = [&](int n, int row) { return seq.start + n * kBlockN + row; };
+  Element q_cs = Element(0), q_sn = Element(0), k_cs[kRotaryAhead], k_sn[kRotaryAhead];
+  // Tile n's turn in stage st, by the block, with Q's rows when `first` (the tables read ahead).
+  auto rotate = [&](int n, int st, bool first) {
+    if (c_mine >= half) return;
     int lo = 0, hi = 0;
     fresh_rows(n, lo, hi);
-    const int nq = first ? rows * half : 0, count = nq + (hi - lo) * half;
-    for (int e0 = tid; e0 < count; e0 += kRotaryBatch * Tr::kNThreads) {
-      CUTE_UNROLL
-      for (int j = 0; j < kRotaryBatch; ++j) {
-        const int e = e0 + j * Tr::kNThreads;
-        if ((!ahead || e0 != tid) && e < count) table(pair_of(e, n, nq, lo), cs[j], sn[j]);
+    if (first)
+      for (int row = 0; row < rows; ++row) {
+        Element cs = q_cs, sn = q_sn;
+        if (p.rotary_per_query && row > 0) table(q_pos(row), cs, sn);
+        turn(sQ, row, cs, sn);
       }
-      CUTE_UNROLL
-      for (int j = 0; j < kRotaryBatch; ++j) {
-        const int e = e0 + j * Tr::kNThreads;
-        if (e < count) turn(pair_of(e, n, nq, lo), st, cs[j], sn[j]);
+    for (int row = lo; row < hi; ++row) {
+      Element cs = q_cs, sn = q_sn;
+      if (first && row - lo < kRotaryAhead) {
+        CUTE_UNROLL
+        for (int j = 0; j < kRotaryAhead; ++j)
+          if (j == row - lo) cs = k_cs[j], sn = k_sn[j];
+      } else {
+        table(key_pos(n, row), cs, sn);
       }
+      turn(sK(st), row, cs, sn);
     }
   };
 
@@ -348,16 +353,13 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
       write_new_rows();
       return;
     }
-    Element cs[kRotaryBatch], sn[kRotaryBatch];
-    if (rotary) {
+    if (rotary && c_mine < half) {
       int lo = 0, hi = 0;
       fresh_rows(n_end - 1, lo, hi);
-      const int nq = rows * half, count = nq + (hi - lo) * half;
+      table(q_pos(0), q_cs, q_sn);
       CUTE_UNROLL
-      for (int j = 0; j < kRotaryBatch; ++j) {
-        const int e = tid + j * Tr::kNThreads;
-        if (e < count) table(pair_of(e, n_end - 1, nq, lo), cs[j], sn[j]);
-      }
+      for (int j = 0; j < kRotaryAhead; ++j)
+        if (lo + j < hi) table(key_pos(n_end - 1, lo + j), k_cs[j], k_sn[j]);
     }
     load_rows(tQsQ, tQcQ, q_row);
     CUTE_UNROLL
@@ -369,7 +371,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     if (rotary) {
       cp_async_wait<kStages - 2>();  // Q and tile n_end − 1
       __syncthreads();
-      rotate(n_end - 1, 0, true, true, cs, sn);
+      rotate(n_end - 1, 0, true);
     }
     int st = 0;
     for (int n = n_end - 1; n >= n_begin; --n) {
@@ -380,7 +382,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
       cp_async_fence();
       int lo, hi;
       if (n < n_end - 1 && fresh_rows(n, lo, hi)) {  // the same answer in every thread
-        rotate(n, st, false, false, cs, sn);
+        rotate(n, st, false);
         __syncthreads();
       }
       math(n, st);

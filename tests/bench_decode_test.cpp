@@ -62,6 +62,8 @@ TEST(BenchDecode, BytesAndNames) {
   EXPECT_EQ(shape_string(p), "2x8/2x1/4096x32 bf16 kvcache");
   p.page_size = 256, p.seqlen_new = 1;
   EXPECT_EQ(shape_string(p), "2x8/2x1/4096x32 bf16 kvcache paged(256) append(1)");
+  p.rotary = true;
+  EXPECT_EQ(shape_string(p), "2x8/2x1/4096x32 bf16 kvcache paged(256) append(1) rotary");
   Row r;
   r.kv_bytes = 4e9, r.time_ms = 2;
   EXPECT_DOUBLE_EQ(r.gbps(), 2000);
@@ -76,6 +78,9 @@ TEST(BenchDecode, ABackwardOrAnAppendLongerThanTheCacheIsRefused) {
   EXPECT_EQ(Bench::create(p, quiet(), &b).code(), StatusCode::kInvalidArgument);
   p = decode(1, 2, 2, 1, 64, 0, 65);
   EXPECT_EQ(Bench::create(p, quiet(), &b).code(), StatusCode::kInvalidArgument);
+  p = decode(1, 2, 2, 1, 64, 0, 0);
+  p.rotary = true;  // nothing appended: no keys to turn
+  EXPECT_EQ(Bench::create(p, quiet(), &b).code(), StatusCode::kInvalidArgument);
 }
 
 // Both CPU kernels through forward_kvcache, paged and appending, causal over several query
@@ -84,6 +89,7 @@ TEST(BenchDecode, CpuKernelsPassTheCheck) {
   for (int page_size : {0, 16}) {
     Problem p = decode(2, 4, 2, 3, 90, page_size, 2);
     p.causal = true;
+    p.rotary = page_size > 0;  // with the identity tables the call checks as without
     Options o = quiet();
     o.kernels = {"cpu_flash", "cpu_reference"};
     Report r;

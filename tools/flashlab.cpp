@@ -92,6 +92,7 @@ struct BenchFlags {
   bool decode = false;
   std::vector<int> seqlens;  // --decode: cache lengths
   int page_size = 0, append = 0, num_splits = 0;
+  bool rotary = false;
   std::optional<Format> format;
   bool help = false;
 };
@@ -214,6 +215,7 @@ constexpr FlagSpec kBenchFlags[] = {
     {"--page-size", true, [](BenchFlags& f, const std::string& n, const std::string& v) { f.page_size = parse_int(n, v, 0); }},
     {"--append", true, [](BenchFlags& f, const std::string& n, const std::string& v) { f.append = parse_int(n, v, 0); }},
     {"--num-splits", true, [](BenchFlags& f, const std::string& n, const std::string& v) { f.num_splits = parse_int(n, v, 0); }},
+    {"--rotary", false, [](BenchFlags& f, const std::string&, const std::string&) { f.rotary = true; }},
     {"--json", false, [](BenchFlags& f, const std::string&, const std::string&) { set_format(f, Format::kJson); }},
     {"--csv", false, [](BenchFlags& f, const std::string&, const std::string&) { set_format(f, Format::kCsv); }},
     {"--help", false, [](BenchFlags& f, const std::string&, const std::string&) { f.help = true; }},
@@ -309,6 +311,7 @@ Problem make_problem(const BenchFlags& f, Device device) {
   p.seqlen_k = f.seqlen_k.value_or(f.decode ? p.seqlen_k : p.seqlen_q);
   p.page_size = f.page_size;
   p.seqlen_new = f.append;
+  p.rotary = f.rotary;
   p.num_splits = f.num_splits;
   p.head_dim = f.head_dim.value_or(p.head_dim);
   p.head_dim_v = f.head_dim_v.value_or(p.head_dim);
@@ -403,20 +406,22 @@ int with_refusals(const Report& report, bool named, int code) {
   return code == kExitOk ? kExitError : code;
 }
 
-// --seqlens, --page-size, --append and --num-splits belong to --decode, which has no backward
-// or ladder.
+// --seqlens, --page-size, --append, --num-splits and --rotary belong to --decode, which has no
+// backward or ladder; --rotary turns the appended keys, so it needs --append.
 void check_decode_flags(const BenchFlags& f) {
   if (!f.decode) {
     const char* flag = !f.seqlens.empty() ? "--seqlens"
                        : f.page_size      ? "--page-size"
                        : f.append         ? "--append"
                        : f.num_splits     ? "--num-splits"
+                       : f.rotary         ? "--rotary"
                                           : nullptr;
     if (flag) throw UsageError{std::string(flag) + " belongs to --decode (the KV-cache call)"};
     return;
   }
   if (f.backward || f.ladder) throw UsageError{"--decode times the KV-cache forward: drop --backward and --ladder"};
   if (!f.seqlens.empty() && f.seqlen_k) throw UsageError{"--seqlen-k and --seqlens: give one"};
+  if (f.rotary && f.append == 0) throw UsageError{"--rotary turns the appended keys: give --append N (N >= 1)"};
 }
 
 // ---- commands ---------------------------------------------------------------------------

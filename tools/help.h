@@ -83,6 +83,9 @@ decode (--decode: forward_kvcache, FlashAttention's flash_attn_with_kvcache):
                      L - N, so it still attends to L rows [0]
   --num-splits N     split-KV's split count (num_splits; at most the cache's key tiles);
                      0 = the count the kernel picks per call [0]
+  --rotary           with --append: rotary tables too (rotary_cos/rotary_sin of 1 and 0:
+                     the identity turn, so the call checks as without it, while the kernel
+                     does all of rotary's work); q and the new keys are turned in the call
 
 kernels and device:
   --kernel NAME      a kernel from `flashlab list`; repeat the flag or give a comma list

@@ -88,6 +88,11 @@ struct Problem {
   bool decode = false;
   int page_size = 0;
   int seqlen_new = 0;
+  // Appending: rotary tables too, rotary_cos/rotary_sin of 1 and 0, [rows, head_dim / 2]
+  // with a row per cache row of a sequence (seqlen_k; paged, its pages' rows).
+  // The identity turn leaves every value as it was, so the call checks as without, while
+  // the kernel does all of rotary's work, as at any angle.
+  bool rotary = false;
   int num_splits = 0;  // the KV-cache call's num_splits: 0 = the kernel picks
   // Varlen: a packed batch of sequences of these lengths, queries and keys alike: q, k, v,
   // out and their gradients are [total, heads, dim], LSE [heads_q, total], with
@@ -281,10 +286,11 @@ class Progress {
 // and dout (out and lse are what each call writes). Decode: k and v are the caches (paged:
 // [num_pages, page_size, heads_kv, dim]), with k_new/v_new when it appends, cache_seqlens
 // (int32 [batch]) and, paged, the block table (int32 [batch, pages per sequence]). Varlen:
-// cu_seqlens (int32 [batch + 1]), both cu_seqlens_q and cu_seqlens_k of every call.
+// cu_seqlens (int32 [batch + 1]), both cu_seqlens_q and cu_seqlens_k of every call. Rotary
+// (Problem::rotary): the tables rotary_cos and rotary_sin.
 enum class Operand : int {
   kQ, kK, kV, kOut, kLse, kDout,
-  kKNew = 9, kVNew, kCacheSeqlens, kBlockTable, kCuSeqlens
+  kKNew = 9, kVNew, kCacheSeqlens, kBlockTable, kCuSeqlens, kRotaryCos, kRotarySin
 };
 
 // What an implementation wrote; the present tensors are checked (any strides, any device).

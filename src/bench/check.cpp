@@ -119,7 +119,7 @@ Box box_of(const Problem& p, const Slice& s, Slot slot) {
       b.begin[2] = s.row0;
       b.count[2] = s.rows;
       break;
-    case kKNew: case kVNew: case kSeqlens: case kTable: case kCu: case kSlots: break;
+    case kKNew: case kVNew: case kSeqlens: case kTable: case kCu: case kCos: case kSin: case kSlots: break;
   }
   return b;
 }
@@ -195,7 +195,8 @@ void fail(Row* row, Slot s, const std::string& why) {
 
 const char* slot_name(Slot s) {
   static constexpr const char* kNames[kSlots] = {"q",  "k",  "v",     "out",   "lse",           "dout",        "dq",
-                                                 "dk", "dv", "k_new", "v_new", "cache_seqlens", "block_table", "cu_seqlens"};
+                                                 "dk", "dv", "k_new", "v_new", "cache_seqlens", "block_table", "cu_seqlens",
+                                                 "rotary_cos", "rotary_sin"};
   return kNames[s];
 }
 
@@ -239,6 +240,10 @@ Tensor slot_view(const Problem& p, Slot s, void* data) {
     case kVNew: return Tensor::contiguous(data, t, {p.batch, p.seqlen_new, p.heads_kv, p.head_dim_v}, p.device);
     case kSeqlens: return Tensor::contiguous(data, DType::kI32, {p.batch}, p.device);
     case kTable: return Tensor::contiguous(data, DType::kI32, {p.batch, pages_per_sequence(p)}, p.device);
+    case kCos: case kSin: {  // a row per cache row a sequence can have
+      const int64_t rows = pages_per_sequence(p) > 0 ? int64_t(pages_per_sequence(p)) * p.page_size : p.seqlen_k;
+      return Tensor::contiguous(data, t, {rows, p.head_dim / 2}, p.device);
+    }
     default: break;
   }
   switch (s) {
@@ -262,6 +267,7 @@ bool slot_used(const Problem& p, Slot s) {
     case kKNew: case kVNew: return p.decode && p.seqlen_new > 0;
     case kSeqlens: return p.decode;
     case kTable: return p.decode && p.page_size > 0;
+    case kCos: case kSin: return p.decode && p.seqlen_new > 0 && p.rotary;
     case kCu: return !p.lengths.empty();
     case kSlots: return false;
     default: return computes_gradients(p) || s <= kLse;

@@ -12,8 +12,8 @@
 
 namespace flashlab::bench {
 
-// Every tensor of a problem; the first six and the last five are Operand's.
-enum Slot : int { kQ, kK, kV, kOut, kLse, kDout, kDq, kDk, kDv, kKNew, kVNew, kSeqlens, kTable, kCu, kSlots };
+// Every tensor of a problem; the first six and the last seven are Operand's.
+enum Slot : int { kQ, kK, kV, kOut, kLse, kDout, kDq, kDk, kDv, kKNew, kVNew, kSeqlens, kTable, kCu, kCos, kSin, kSlots };
 const char* slot_name(Slot s);
 // A backward problem on its own (not a training step's): out and LSE are its inputs, made
 // before timing by the device's best forward kernel.

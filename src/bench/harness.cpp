@@ -7,6 +7,7 @@
 #include "bench/check.h"
 #include "bench/memory.h"
 #include "bench/timer.h"
+#include "common/dtype.h"
 #include "flashlab/bench.h"
 
 namespace flashlab::bench {
@@ -47,6 +48,8 @@ Status check_problem(const Problem& p) {
                                             "seqlen_q = seqlen_k the longest (set_lengths)"};
     if (p.decode) return {StatusCode::kInvalidArgument, "a decode problem is not varlen"};
   }
+  if (p.rotary && (!p.decode || p.seqlen_new == 0))
+    return {StatusCode::kInvalidArgument, "rotary turns the appended keys: it needs decode with seqlen_new >= 1"};
   if (!p.decode) return {};
   if (computes_gradients(p)) return {StatusCode::kInvalidArgument, "a decode problem has no backward"};
   if (p.page_size < 0 || p.seqlen_new < 0 || p.seqlen_new > p.seqlen_k)
@@ -126,6 +129,7 @@ struct Bench::State {
       a.q = v[kQ], a.k_cache = v[kK], a.v_cache = v[kV], a.out = v[kOut], a.maybe_lse = v[kLse];
       a.maybe_k_new = v[kKNew], a.maybe_v_new = v[kVNew];
       a.maybe_cache_seqlens = v[kSeqlens], a.maybe_block_table = v[kTable];
+      a.maybe_rotary_cos = v[kCos], a.maybe_rotary_sin = v[kSin];
       a.num_splits = q.num_splits;
       return finish(a);
     }
@@ -220,6 +224,13 @@ Status Bench::State::fill_inputs() {
       const std::vector<int32_t> values = table_values(p, s, mix_seed(o.seed, uint64_t(set), uint64_t(s) + 1));
       BENCH_TRY(host.allocate(Device::kCPU, values.size() * sizeof(int32_t)));
       std::copy(values.begin(), values.end(), static_cast<int32_t*>(host.data()));
+      BENCH_TRY(upload(sets[size_t(set)][s], host.data(), stream));
+    }
+    for (Slot s : {kCos, kSin}) {  // rotary's identity tables: cos 1, sin 0
+      if (!slot_used(p, s)) continue;
+      const int64_t n = slot_view(p, s, nullptr).numel();
+      BENCH_TRY(host.allocate(Device::kCPU, slot_bytes(p, s)));
+      for (int64_t i = 0; i < n; ++i) store_from_double(host.data(), p.dtype, i, s == kCos ? 1.0 : 0.0);
       BENCH_TRY(upload(sets[size_t(set)][s], host.data(), stream));
     }
     for (Slot s : random_inputs_of(p)) {

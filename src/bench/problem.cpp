@@ -194,6 +194,7 @@ std::string shape_string(const Problem& p) {
   s += " kvcache";
   if (p.page_size > 0) s += " paged(" + std::to_string(p.page_size) + ")";
   if (p.seqlen_new > 0) s += " append(" + std::to_string(p.seqlen_new) + ")";
+  if (p.rotary) s += " rotary";
   return s;
 }
 

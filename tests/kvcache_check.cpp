@@ -158,6 +158,12 @@ struct Turned {
 double rounding_of(DType t) {  // half an ulp, relative
   return t == DType::kBF16 ? 0x1p-8 : t == DType::kF16 ? 0x1p-11 : t == DType::kF32 ? 0x1p-24 : 0x1p-53;
 }
+// Half the spacing of the dtype's subnormals: the rounding's absolute bound below the
+// normals, where the relative one no longer holds (an fp16 result near 1.6e-5 sits between
+// subnormals 2^-24 apart).
+double subnormal_rounding_of(DType t) {
+  return t == DType::kBF16 ? 0x1p-134 : t == DType::kF16 ? 0x1p-25 : t == DType::kF32 ? 0x1p-150 : 0.0;
+}
 
 // FlashAttention-2's rule for q's positions: one per query when causal or a window bound can
 // bind (it is in [0, capacity)), else every query at cache_seqlens[b].
@@ -176,8 +182,9 @@ void turn(const KvCall& k, const KvCase& c, double* x, double* slack, int pos) {
     const double cs = k.rotary_cos.get(int64_t(pos) * half + i), sn = k.rotary_sin.get(int64_t(pos) * half + i);
     const double a = x[ia], b = x[ib];
     x[ia] = a * cs - b * sn, x[ib] = a * sn + b * cs;
-    slack[ia] = rounding_of(c.dtype) * std::abs(x[ia]) + 0x1p-21 * (std::abs(a * cs) + std::abs(b * sn));
-    slack[ib] = rounding_of(c.dtype) * std::abs(x[ib]) + 0x1p-21 * (std::abs(a * sn) + std::abs(b * cs));
+    const double tiny = subnormal_rounding_of(c.dtype);
+    slack[ia] = rounding_of(c.dtype) * std::abs(x[ia]) + tiny + 0x1p-21 * (std::abs(a * cs) + std::abs(b * sn));
+    slack[ib] = rounding_of(c.dtype) * std::abs(x[ib]) + tiny + 0x1p-21 * (std::abs(a * sn) + std::abs(b * cs));
   }
 }
 

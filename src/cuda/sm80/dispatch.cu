@@ -61,11 +61,12 @@ struct KvEntries {
   int (*smem_bytes)();
   int (*block_m)();
   int (*block_n)();
+  int (*bytes_in_flight)();
 
   template <DType kDtype, int kHeadDim>
   static constexpr KvEntries of() {
     using I = KvInstance<kDtype, kHeadDim>;
-    return {&I::run, &I::kernel, &I::smem_bytes, &I::block_m, &I::block_n};
+    return {&I::run, &I::kernel, &I::smem_bytes, &I::block_m, &I::block_n, &I::bytes_in_flight};
   }
 };
 
@@ -197,11 +198,16 @@ bool kv_occupancy(const void* kernel, int device, int smem_bytes, KvOccupancy* o
 // How many splits the keys of each (sequence, KV head, row block) get: the caller's
 // num_splits (at most kMaxSplits and the cache's key tiles), or with 0 the count that a model
 // of the critical path finishes soonest with. The CTAs of s splits run in
-// ceil(ctas·s / slots) waves of `slots` = SMs × resident CTAs per SM, and a CTA of each wave
-// streams ceil(tiles / s) key tiles plus about one tile's worth of fixed cost (Q, the ring's
-// first loads, its partials): time(s) = waves(s) · (ceil(tiles / s) + 1). s is the smallest
-// count within 5% of the best time (fewer splits: fewer partials for the combine). Where the
-// CTAs already fill 80% of a wave, one split.
+// ceil(ctas·s / slots) waves of `slots` = SMs × the CTAs per SM a wave counts, and a CTA of
+// each wave streams ceil(tiles / s) key tiles plus about one tile's worth of fixed cost (Q,
+// the ring's first loads, its partials): time(s) = waves(s) · (ceil(tiles / s) + 1).
+// A wave counts as many CTAs per SM as keep kBytesInFlightPerSm of K and V in flight, at most
+// the resident ones: one at head dim 128 (64 KiB each), two at 64 (32 KiB each), where
+// filling every resident slot read less (docs/learn/flash-decoding.md, "How many splits").
+// Pages smaller than a tile keep every resident slot: each tile's loads wait for a table
+// read per row, and more CTAs per SM hide that wait (one per SM read 8-10% less at 16-row
+// pages). s is the smallest count within 5% of the best time (fewer splits: fewer partials
+// for the combine). Where the CTAs already fill 80% of a wave, one split.
 int kv_splits(const KvCacheParams& p) {
   const KvEntries in = entries_for<KvEntries>(p);
   const int n_tiles = std::max(1, (p.seqlen_k + in.block_n() - 1) / in.block_n());
@@ -209,7 +215,13 @@ int kv_splits(const KvCacheParams& p) {
   if (p.num_splits > 0) return std::min(p.num_splits, most);
   KvOccupancy occ;
   if (!kv_occupancy(in.kernel(p), p.device_index, in.smem_bytes(), &occ)) return 1;
-  const int64_t slots = int64_t(std::max(occ.sms, 1)) * std::max(occ.resident, 1);
+  constexpr int kBytesInFlightPerSm = 64 * 1024;
+  const int per_ring = std::max(in.bytes_in_flight(), 1);
+  const int resident = std::max(occ.resident, 1);
+  const bool tile_in_page = p.block_table == nullptr || p.page_size % in.block_n() == 0;
+  const int per_sm =
+      tile_in_page ? std::clamp((kBytesInFlightPerSm + per_ring - 1) / per_ring, 1, resident) : resident;
+  const int64_t slots = int64_t(std::max(occ.sms, 1)) * per_sm;
   const int64_t ctas = int64_t(p.batch) * p.heads_kv * kv_row_blocks(p, in.block_m());
   if (ctas * 5 >= slots * 4) return 1;  // 80% of a wave already
   auto time = [&](int s) {

@@ -30,6 +30,7 @@ struct KvInstance {
   static int smem_bytes();      // its dynamic shared memory per CTA
   static int block_m();         // packed query rows per CTA
   static int block_n();         // keys per K/V tile
+  static int bytes_in_flight(); // K and V bytes a CTA's ring has in flight (kStages − 1 tiles)
 };
 
 }  // namespace flashlab::sm80

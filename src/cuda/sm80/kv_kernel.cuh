@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     // A tile with new rows (appending: a sequence's last tile or two) takes them from k_new/v_new.
     auto fresh_or = [&](auto cache_row, const Element* fresh, int64_t fresh_row_stride) {
       return [=](int row, int m) -> const Element* {
-        if (first + row >= seq.cached && j0 + row >= kb && j0 + row < ke)
+        if (append && first + row >= seq.cached && j0 + row >= kb && j0 + row < ke)
           return fresh + (first + row - seq.cached) * fresh_row_stride;
         return cache_row(row, m);
       };
@@ -262,17 +262,15 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     auto dst_k = gmem_thr.partition_D(sK(st));
     auto dst_v = gmem_thr.partition_D(make_tensor(make_smem_ptr(smem_v(st)), typename Tr::SmemLayoutKV{}));
     const bool fresh = append && first + kBlockN > seq.cached;
-    if (fresh) {
-      load_rows(dst_k, tKVcKV, fresh_or(row_of(k_cache, k_base, p.k_batch_stride, p.k_row_stride), k_fresh, p.kn_row_stride));
-      load_rows(dst_v, tKVcKV, fresh_or(row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride), v_fresh, p.vn_row_stride));
-    } else if (tile_in_page && j0 >= kb && j0 + kBlockN <= ke) {
+    const bool all_seen = !fresh && j0 >= kb && j0 + kBlockN <= ke;
+    if (tile_in_page && all_seen) {
       // Every tile but a sequence's first and last: all rows seen and in one page, so row r
       // is base + r·row_stride with no test per row.
       const Element* k_tile = k_cache + k_base;
       const Element* v_tile = v_cache + v_base;
       load_rows<true>(dst_k, tKVcKV, [&](int row, int) { return k_tile + row * p.k_row_stride; });
       load_rows<true>(dst_v, tKVcKV, [&](int row, int) { return v_tile + row * p.v_row_stride; });
-    } else if (pages_split_tile && j0 >= kb && j0 + kBlockN <= ke) {
+    } else if (pages_split_tile && all_seen) {
       // Pages of 2^k rows that split the tile, all rows seen: no test per row, no modulo.
       const int mask_rows = p.page_size - 1;
       load_rows<true>(dst_k, tKVcKV, [&](int row, int m) {
@@ -281,9 +279,9 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
       load_rows<true>(dst_v, tKVcKV, [&](int row, int m) {
         return v_cache + page[m] * p.v_batch_stride + int64_t(row & mask_rows) * p.v_row_stride;
       });
-    } else {
-      load_rows(dst_k, tKVcKV, row_of(k_cache, k_base, p.k_batch_stride, p.k_row_stride));
-      load_rows(dst_v, tKVcKV, row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride));
+    } else {  // a sequence's first or last tile, or pages of any size; new rows from k_new/v_new
+      load_rows(dst_k, tKVcKV, fresh_or(row_of(k_cache, k_base, p.k_batch_stride, p.k_row_stride), k_fresh, p.kn_row_stride));
+      load_rows(dst_v, tKVcKV, fresh_or(row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride), v_fresh, p.vn_row_stride));
     }
     next_tile = -1;
     if (n - 1 >= n_begin) {
@@ -297,7 +295,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // c_b + i (rotary_per_query) or c_b, a new key (from k_new) at its cache row c_b + t, as
   // append_row turns its copy. Thread t turns pair t of every row, so no thread divides to
   // find its pairs. The tables of q's rows and of the first tile's first kRotaryAhead new
-  // keys are read before the prologue's copies and kept unconverted until used; a later
+  // keys are read before the ring's first copies and kept unconverted until used; a later
   // tile's new keys are turned at its turn in the ring.
   constexpr int kRotaryAhead = 2;
   static_assert(Tr::kHeadDim / 2 <= Tr::kNThreads, "a thread for each pair of a row");
@@ -345,9 +343,11 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   };
 
   // ---- the ring: tile n in the MMAs (math(n, st)) while the next kStages − 1 tiles load ----
-  // Prologue: Q and the first kStages − 1 tiles, one cp.async group each (empty groups
-  // where the split has fewer tiles), so that group i holds tile n_end − 1 − i (Q is in
-  // group 0). With rotary the prologue then waits for group 0 and turns Q and the tile.
+  // Step j issues tile n_end − 1 − j (a cp.async group per step, empty past n_begin; Q goes
+  // in group 0) and, from step kStages − 1 on, computes the tile issued kStages − 1 steps
+  // before. One loop for the ring's filling and its steady state: one copy of load_kv's code,
+  // which matters in a kernel whose loads saturate the memory: a warp that misses in the
+  // instruction cache waits behind them.
   auto mainloop = [&](auto&& math) {
     if (n_end <= n_begin) {
       write_new_rows();
@@ -362,27 +362,23 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
         if (lo + j < hi) table(key_pos(n_end - 1, lo + j), k_cs[j], k_sn[j]);
     }
     load_rows(tQsQ, tQcQ, q_row);
-    CUTE_UNROLL
-    for (int i = 0; i < kStages - 1; ++i) {
-      if (n_end - 1 - i >= n_begin) load_kv(n_end - 1 - i, i);
+    int st_load = 0, st = 0;
+    const int steps = n_end - n_begin + kStages - 1;
+#pragma unroll 1
+    for (int j = 0; j < steps; ++j) {
+      const int n = n_end - 1 - (j - (kStages - 1));  // the tile computed at this step
+      if (j >= kStages - 1) {
+        cp_async_wait<kStages - 2>();  // tile n (and Q) have landed ...
+        __syncthreads();  // ... for every thread, and every warp is done with the previous stage
+      }
+      if (n_end - 1 - j >= n_begin) load_kv(n_end - 1 - j, st_load);
       cp_async_fence();
-    }
-    write_new_rows();
-    if (rotary) {
-      cp_async_wait<kStages - 2>();  // Q and tile n_end − 1
-      __syncthreads();
-      rotate(n_end - 1, 0, true);
-    }
-    int st = 0;
-    for (int n = n_end - 1; n >= n_begin; --n) {
-      cp_async_wait<kStages - 2>();  // tile n (and Q) have landed ...
-      __syncthreads();  // ... for every thread, and every warp is done with the previous stage
-      const int ahead = n - (kStages - 1);
-      if (ahead >= n_begin) load_kv(ahead, st == 0 ? kStages - 1 : st - 1);
-      cp_async_fence();
+      st_load = st_load + 1 == kStages ? 0 : st_load + 1;
+      if (j == kStages - 2) write_new_rows();  // once the first copies are in flight
+      if (j < kStages - 1) continue;
       int lo, hi;
-      if (n < n_end - 1 && fresh_rows(n, lo, hi)) {  // the same answer in every thread
-        rotate(n, st, false);
+      if (rotary && (n == n_end - 1 || fresh_rows(n, lo, hi))) {  // the same answer in every thread
+        rotate(n, st, n == n_end - 1);
         __syncthreads();
       }
       math(n, st);
@@ -581,20 +577,17 @@ Status KvInstance<kDtype, kHeadDim>::run(const KvCacheParams& p, int splits) {
   return {};
 }
 template <DType kDtype, int kHeadDim>
-const void* KvInstance<kDtype, kHeadDim>::kernel(const KvCacheParams& p) {
-  return kv_kernel_for<kDtype, kHeadDim>(p);
-}
+const void* KvInstance<kDtype, kHeadDim>::kernel(const KvCacheParams& p) { return kv_kernel_for<kDtype, kHeadDim>(p); }
 template <DType kDtype, int kHeadDim>
-int KvInstance<kDtype, kHeadDim>::smem_bytes() {
-  return KvConfig<kDtype, kHeadDim>::kSmemBytes;
-}
+int KvInstance<kDtype, kHeadDim>::smem_bytes() { return KvConfig<kDtype, kHeadDim>::kSmemBytes; }
 template <DType kDtype, int kHeadDim>
-int KvInstance<kDtype, kHeadDim>::block_m() {
-  return KvConfig<kDtype, kHeadDim>::Traits::kBlockM;
-}
+int KvInstance<kDtype, kHeadDim>::block_m() { return KvConfig<kDtype, kHeadDim>::Traits::kBlockM; }
 template <DType kDtype, int kHeadDim>
-int KvInstance<kDtype, kHeadDim>::block_n() {
-  return KvConfig<kDtype, kHeadDim>::Traits::kBlockN;
+int KvInstance<kDtype, kHeadDim>::block_n() { return KvConfig<kDtype, kHeadDim>::Traits::kBlockN; }
+template <DType kDtype, int kHeadDim>
+int KvInstance<kDtype, kHeadDim>::bytes_in_flight() {
+  using Config = KvConfig<kDtype, kHeadDim>;
+  return (Config::kStages - 1) * 2 * Config::Traits::kSmemKVBytes;
 }
 
 }  // namespace flashlab::sm80

@@ -62,11 +62,13 @@ struct KvEntries {
   int (*block_m)();
   int (*block_n)();
   int (*bytes_in_flight)();
+  bool (*keys_per_warp)(const KvCacheParams&);
 
   template <DType kDtype, int kHeadDim>
   static constexpr KvEntries of() {
     using I = KvInstance<kDtype, kHeadDim>;
-    return {&I::run, &I::kernel, &I::smem_bytes, &I::block_m, &I::block_n, &I::bytes_in_flight};
+    return {&I::run, &I::kernel, &I::smem_bytes, &I::block_m, &I::block_n, &I::bytes_in_flight,
+            &I::keys_per_warp};
   }
 };
 
@@ -206,7 +208,10 @@ bool kv_occupancy(const void* kernel, int device, int smem_bytes, KvOccupancy* o
 // filling every resident slot read less (docs/learn/flash-decoding.md, "How many splits").
 // Pages smaller than a tile keep every resident slot: each tile's loads wait for a table
 // read per row, and more CTAs per SM hide that wait (one per SM read 8-10% less at 16-row
-// pages). s is the smallest count within 5% of the best time (fewer splits: fewer partials
+// pages). So does a kernel that spreads rows over its warps (a block of more than 16 packed
+// rows): each warp multiplies its 16 rows by the whole tile, four times the MMA work per byte
+// of the keys-per-warp kernel, and a lone CTA per SM leaves the memory idle while it computes.
+// s is the smallest count within 5% of the best time (fewer splits: fewer partials
 // for the combine). Where the CTAs already fill 80% of a wave, one split.
 int kv_splits(const KvCacheParams& p) {
   const KvEntries in = entries_for<KvEntries>(p);
@@ -219,8 +224,9 @@ int kv_splits(const KvCacheParams& p) {
   const int per_ring = std::max(in.bytes_in_flight(), 1);
   const int resident = std::max(occ.resident, 1);
   const bool tile_in_page = p.block_table == nullptr || p.page_size % in.block_n() == 0;
+  const bool by_bytes = tile_in_page && in.keys_per_warp(p);
   const int per_sm =
-      tile_in_page ? std::clamp((kBytesInFlightPerSm + per_ring - 1) / per_ring, 1, resident) : resident;
+      by_bytes ? std::clamp((kBytesInFlightPerSm + per_ring - 1) / per_ring, 1, resident) : resident;
   const int64_t slots = int64_t(std::max(occ.sms, 1)) * per_sm;
   const int64_t ctas = int64_t(p.batch) * p.heads_kv * kv_row_blocks(p, in.block_m());
   if (ctas * 5 >= slots * 4) return 1;  // 80% of a wave already

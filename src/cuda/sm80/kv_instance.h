@@ -31,6 +31,7 @@ struct KvInstance {
   static int block_m();         // packed query rows per CTA
   static int block_n();         // keys per K/V tile
   static int bytes_in_flight(); // K and V bytes a CTA's ring has in flight (kStages − 1 tiles)
+  static bool keys_per_warp(const KvCacheParams& p);  // p's kernel spreads keys over its warps
 };
 
 }  // namespace flashlab::sm80

@@ -39,6 +39,7 @@
 #include "cuda/sm80/fwd_softmax.cuh"
 #include "cuda/sm80/fwd_traits.h"
 #include "cuda/sm80/kv_append.cuh"
+#include "cuda/sm80/kv_copy.cuh"
 #include "cuda/sm80/kv_instance.h"
 #include "cuda/sm80/kv_partials.cuh"
 
@@ -67,35 +68,6 @@ struct KvConfig {
 };
 
 // ---- split-KV ----------------------------------------------------------------------------
-// cp.async of one 16-byte chunk, global → shared, cached in L2 only.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
-               "l"(gmem));
-}
-
-// The rows of a tile, global → shared: dst (CPY, CPY_ROWS, CPY_COLS) is this thread's
-// partition of the smem tile and coord the same partition of the tile's identity tensor;
-// row_ptr(row, m) gives the first element in global memory of the tile's row `row`, the
-// thread's m-th, or nullptr for a row past the data, which is zero-filled (zeros, not
-// garbage, so that P·V never meets 0·NaN). kAllRows: the caller knows every row is there,
-// and the copies go without a test (and without the zero stores' predicated-off issue slots).
-template <bool kAllRows = false, class Dst, class Coord, class RowPtr>
-__device__ __forceinline__ void load_rows(Dst&& dst, Coord const& coord, RowPtr const& row_ptr) {
-  CUTE_UNROLL
-  for (int m = 0; m < size<1>(dst); ++m) {
-    const auto* src = row_ptr(get<0>(coord(0, m, 0)), m);
-    CUTE_UNROLL
-    for (int d = 0; d < size<2>(dst); ++d) {
-      void* chunk = &dst(0, m, d);
-      if (kAllRows || src != nullptr)
-        cp_async_16(chunk, src + get<1>(coord(0, m, d)));
-      else
-        *static_cast<uint4*>(chunk) = make_uint4(0, 0, 0, 0);
-    }
-  }
-}
-
 // The mask on a tile of packed rows: s and coords are (rows, cols) views of the scores and
 // of the tile's identity tensor; packed row r0 + r is query (r0 + r) / g.
 template <class S, class C>
@@ -184,8 +156,13 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // ---- global → shared: Q's packed rows and the cache's rows, one address per row ----
   typename Tr::GmemTiledCopyQKV gmem_copy;
   auto gmem_thr = gmem_copy.get_thread_slice(tid);
-  Tensor tQsQ = gmem_thr.partition_D(sQ);                                                // (CPY, CPY_M, CPY_D)
-  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(Shape<BlkM, HeadDim>{}));     // (CPY, CPY_M, CPY_D)
+  // Q's rows: a block of at most 16 (kKeysPerWarp) loads 16 (or one pass of the copy's
+  // threads, if more), not the tile's 64.
+  constexpr int kCopyRows = Tr::kNThreads / Tr::kGmemThreadsPerRow;
+  using QRows = Int<kKeysPerWarp ? (kCopyRows > 16 ? kCopyRows : 16) : kBlockM>;
+  static_assert(QRows{} % kCopyRows == 0 && QRows{} <= kBlockM, "the copy's threads cover Q's rows");
+  Tensor tQsQ = gmem_thr.partition_D(local_tile(sQ, Shape<QRows, HeadDim>{}, make_coord(0, 0)));
+  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(Shape<QRows, HeadDim>{}));  // (CPY, CPY_M, CPY_D)
   Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(Shape<BlkN, HeadDim>{}));  // (CPY, CPY_N, CPY_D)
   const Element* q = static_cast<const Element*>(p.q) + b * p.q_batch_stride;
   const Element* k_cache = static_cast<const Element*>(p.k) + hk * p.k_head_stride;
@@ -222,43 +199,20 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
       page[m] = key >= kb && key < ke ? page_entry(p, b, first + row) : 0;
     }
   };
-  // load_kv goes down one tile at a time (n, then n − 1): the next tile's table reads are
-  // issued right after this tile's copies and first used by the next load_kv, so their
-  // latency passes during a tile's math instead of holding back the next tile's copies.
+  // The ring goes down one tile at a time (n, then n − 1), and reads tile n − 1's table
+  // entries right after issuing tile n's copies (the ring's step, below): their latency
+  // passes during a tile's math instead of holding back the next tile's copies. load_kv(n)
+  // finds tile n's entries in page_next/tile_page_next.
   int page_next[kRowsPerThread] = {}, tile_page_next = 0;
-  int next_tile = -1;
   auto load_kv = [&](int n, int st) {
     const int j0 = n * kBlockN;  // key j is cache row seq.start + j (paged: start 0)
     const int first = seq.start + j0;  // the tile's first cache row
-    int page[kRowsPerThread] = {}, tile_page = 0;
-    if (next_tile == n) {
-      CUTE_UNROLL
-      for (int m = 0; m < kRowsPerThread; ++m) page[m] = page_next[m];
-      tile_page = tile_page_next;
-    } else {
-      read_pages(n, page, tile_page);
-    }
+    int page[kRowsPerThread], tile_page = tile_page_next;
     CUTE_UNROLL
-    for (int m = 0; m < kRowsPerThread; ++m) page[m] = clamp_to(page[m], 0, p.cache_rows - 1);
+    for (int m = 0; m < kRowsPerThread; ++m) page[m] = clamp_to(page_next[m], 0, p.cache_rows - 1);
     tile_page = clamp_to(tile_page, 0, p.cache_rows - 1);
     const int64_t k_base = tile_in_page ? row_offset(p, seq, tile_page, first, p.k_batch_stride, p.k_row_stride) : 0;
     const int64_t v_base = tile_in_page ? row_offset(p, seq, tile_page, first, p.v_batch_stride, p.v_row_stride) : 0;
-    auto row_of = [&](const Element* cache, int64_t base, int64_t batch_stride, int64_t row_stride) {
-      return [=, &p, &page](int row, int m) -> const Element* {
-        const int key = j0 + row;
-        if (key < kb || key >= ke) return nullptr;
-        return cache + (tile_in_page ? base + row * row_stride
-                                     : page[m] * batch_stride + int64_t((first + row) % p.page_size) * row_stride);
-      };
-    };
-    // A tile with new rows (appending: a sequence's last tile or two) takes them from k_new/v_new.
-    auto fresh_or = [&](auto cache_row, const Element* fresh, int64_t fresh_row_stride) {
-      return [=](int row, int m) -> const Element* {
-        if (append && first + row >= seq.cached && j0 + row >= kb && j0 + row < ke)
-          return fresh + (first + row - seq.cached) * fresh_row_stride;
-        return cache_row(row, m);
-      };
-    };
     auto dst_k = gmem_thr.partition_D(sK(st));
     auto dst_v = gmem_thr.partition_D(make_tensor(make_smem_ptr(smem_v(st)), typename Tr::SmemLayoutKV{}));
     const bool fresh = append && first + kBlockN > seq.cached;
@@ -280,13 +234,19 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
         return v_cache + page[m] * p.v_batch_stride + int64_t(row & mask_rows) * p.v_row_stride;
       });
     } else {  // a sequence's first or last tile, or pages of any size; new rows from k_new/v_new
-      load_rows(dst_k, tKVcKV, fresh_or(row_of(k_cache, k_base, p.k_batch_stride, p.k_row_stride), k_fresh, p.kn_row_stride));
-      load_rows(dst_v, tKVcKV, fresh_or(row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride), v_fresh, p.vn_row_stride));
-    }
-    next_tile = -1;
-    if (n - 1 >= n_begin) {
-      read_pages(n - 1, page_next, tile_page_next);
-      next_tile = n - 1;
+      // Row `row` of the cache (base, strides) or, appending, new row t from `fresh`.
+      auto row_of = [&](const Element* cache, int64_t base, int64_t batch_stride, int64_t row_stride,
+                        const Element* fresh, int64_t fresh_row_stride) {
+        return [=, &p, &page](int row, int m) -> const Element* {
+          const int key = j0 + row;
+          if (key < kb || key >= ke) return nullptr;
+          if (append && first + row >= seq.cached) return fresh + (first + row - seq.cached) * fresh_row_stride;
+          return cache + (tile_in_page ? base + row * row_stride
+                                       : page[m] * batch_stride + int64_t((first + row) % p.page_size) * row_stride);
+        };
+      };
+      load_rows(dst_k, tKVcKV, row_of(k_cache, k_base, p.k_batch_stride, p.k_row_stride, k_fresh, p.kn_row_stride));
+      load_rows(dst_v, tKVcKV, row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride, v_fresh, p.vn_row_stride));
     }
   };
 
@@ -347,13 +307,13 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // in group 0) and, from step kStages − 1 on, computes the tile issued kStages − 1 steps
   // before. One loop for the ring's filling and its steady state: one copy of load_kv's code,
   // which matters in a kernel whose loads saturate the memory: a warp that misses in the
-  // instruction cache waits behind them.
+  // instruction cache waits behind them. A split with no tile runs the ring's first steps
+  // (no copies: the append's write only), so that append_row is compiled once: the appending
+  // kernel's code past its first 64 KiB missed the instruction cache on every pass
+  // (docs/learn/flash-decoding.md, "One loop for the ring").
   auto mainloop = [&](auto&& math) {
-    if (n_end <= n_begin) {
-      write_new_rows();
-      return;
-    }
-    if (rotary && c_mine < half) {
+    const bool any = n_end > n_begin;
+    if (any && rotary && c_mine < half) {
       int lo = 0, hi = 0;
       fresh_rows(n_end - 1, lo, hi);
       table(q_pos(0), q_cs, q_sn);
@@ -361,17 +321,20 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
       for (int j = 0; j < kRotaryAhead; ++j)
         if (lo + j < hi) table(key_pos(n_end - 1, lo + j), k_cs[j], k_sn[j]);
     }
-    load_rows(tQsQ, tQcQ, q_row);
+    if (any) load_rows(tQsQ, tQcQ, q_row);
     int st_load = 0, st = 0;
-    const int steps = n_end - n_begin + kStages - 1;
+    const int steps = max(n_end - n_begin, 0) + kStages - 1;
 #pragma unroll 1
-    for (int j = 0; j < steps; ++j) {
+    for (int j = -1; j < steps; ++j) {  // step −1 reads the first tile's table entries
       const int n = n_end - 1 - (j - (kStages - 1));  // the tile computed at this step
       if (j >= kStages - 1) {
         cp_async_wait<kStages - 2>();  // tile n (and Q) have landed ...
         __syncthreads();  // ... for every thread, and every warp is done with the previous stage
       }
-      if (n_end - 1 - j >= n_begin) load_kv(n_end - 1 - j, st_load);
+      const int n_load = n_end - 1 - j;  // the tile issued at this step
+      if (j >= 0 && n_load >= n_begin) load_kv(n_load, st_load);
+      if (n_load - 1 >= n_begin) read_pages(n_load - 1, page_next, tile_page_next);
+      if (j < 0) continue;
       cp_async_fence();
       st_load = st_load + 1 == kStages ? 0 : st_load + 1;
       if (j == kStages - 2) write_new_rows();  // once the first copies are in flight
@@ -527,7 +490,7 @@ const void* kv_kernel_of(const KvCacheParams& p) {
   using Config = KvConfig<kDtype, kHeadDim>;
   using Tr = typename Config::Traits;
   if constexpr (Tr::kBlockN == 16 * Tr::kNWarps) {
-    if (kv_row_blocks(p, 16) <= 1)
+    if (KvInstance<kDtype, kHeadDim>::keys_per_warp(p))
       return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, true, kAppend>);
   }
   return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, false, kAppend>);
@@ -584,6 +547,11 @@ template <DType kDtype, int kHeadDim>
 int KvInstance<kDtype, kHeadDim>::block_m() { return KvConfig<kDtype, kHeadDim>::Traits::kBlockM; }
 template <DType kDtype, int kHeadDim>
 int KvInstance<kDtype, kHeadDim>::block_n() { return KvConfig<kDtype, kHeadDim>::Traits::kBlockN; }
+template <DType kDtype, int kHeadDim>
+bool KvInstance<kDtype, kHeadDim>::keys_per_warp(const KvCacheParams& p) {
+  using Tr = typename KvConfig<kDtype, kHeadDim>::Traits;
+  return Tr::kBlockN == 16 * Tr::kNWarps && kv_row_blocks(p, 16) <= 1;
+}
 template <DType kDtype, int kHeadDim>
 int KvInstance<kDtype, kHeadDim>::bytes_in_flight() {
   using Config = KvConfig<kDtype, kHeadDim>;

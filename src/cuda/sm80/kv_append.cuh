@@ -109,6 +109,60 @@ __device__ __forceinline__ void append_row(const KvCacheParams& p, const CacheSe
   for (int d = threadIdx.x; d < p.head_dim_v; d += blockDim.x) v[d] = vn[d];
 }
 
+// Row t of k_new/v_new, KV head hk, read early and written late: the split-KV kernel's
+// append, whose loads' latency then passes while the CTA's copies and math go on, where
+// append_row waits for its loads in line (two round trips: k, then v, which may alias the
+// cache as far as the compiler knows). Thread i holds pair slot i < head_dim / 2: k's
+// columns (c_a, c_b), rotary pair i where i < rotary_dim / 2 and (2i, 2i + 1) past it, v's
+// (2i, 2i + 1), with rotary the tables' entry i at the row's position, and in a paged cache
+// the table's entry for the row's page, which the write clamps. The slots cover each column
+// once in either rotary layout: pairs i < rotary_dim / 2 cover [0, rotary_dim). The same
+// unfused rotation as append_row, so the same bits.
+template <class Element>
+struct HeldRow {
+  Element ka, kb, va, vb, cs, sn;
+  int t = -1, page = 0;  // t < 0: this thread holds nothing
+
+  __device__ __forceinline__ int2 k_cols(const KvCacheParams& p, int i) const {
+    if (p.rotary_cos != nullptr && i < p.rotary_dim / 2)
+      return p.rotary_interleaved ? make_int2(2 * i, 2 * i + 1) : make_int2(i, i + p.rotary_dim / 2);
+    return make_int2(2 * i, 2 * i + 1);
+  }
+  __device__ __forceinline__ void read(const KvCacheParams& p, const CacheSeq& s, int b, int hk, int row) {
+    const int i = int(threadIdx.x);
+    if (row >= p.seqlen_new || 2 * i >= p.head_dim) return;
+    t = row;
+    const int pos = s.cached + t;
+    const Element* kn = static_cast<const Element*>(p.k_new) + b * p.kn_batch_stride +
+                        t * p.kn_row_stride + hk * p.kn_head_stride;
+    const Element* vn = static_cast<const Element*>(p.v_new) + b * p.vn_batch_stride +
+                        t * p.vn_row_stride + hk * p.vn_head_stride;
+    const int2 c = k_cols(p, i);
+    ka = kn[c.x], kb = kn[c.y], va = vn[2 * i], vb = vn[2 * i + 1];
+    if (p.rotary_cos != nullptr && i < p.rotary_dim / 2) {
+      const int64_t r = clamp_to(pos, 0, p.seqlen_ro - 1);
+      cs = static_cast<const Element*>(p.rotary_cos)[r * p.rotary_cos_stride + i];
+      sn = static_cast<const Element*>(p.rotary_sin)[r * p.rotary_sin_stride + i];
+    }
+    if (p.block_table) page = page_entry(p, b, pos);
+  }
+  __device__ __forceinline__ void write(const KvCacheParams& p, const CacheSeq& s, int hk) const {
+    if (t < 0) return;
+    const int i = int(threadIdx.x), pos = s.cached + t;
+    const int64_t pg = p.block_table ? clamp_to(page, 0, p.cache_rows - 1) : 0;
+    Element* k = static_cast<Element*>(const_cast<void*>(p.k)) + hk * p.k_head_stride +
+                 row_offset(p, s, pg, pos, p.k_batch_stride, p.k_row_stride);
+    Element* v = static_cast<Element*>(const_cast<void*>(p.v)) + hk * p.v_head_stride +
+                 row_offset(p, s, pg, pos, p.v_batch_stride, p.v_row_stride);
+    const int2 c = k_cols(p, i);
+    if (p.rotary_cos != nullptr && i < p.rotary_dim / 2)
+      rotate_pair(k[c.x], k[c.y], ka, kb, float(cs), float(sn));
+    else
+      k[c.x] = ka, k[c.y] = kb;
+    v[2 * i] = va, v[2 * i + 1] = vb;
+  }
+};
+
 // grid (seqlen_new, heads_kv, batch), 128 threads: row t of k_new/v_new → cache row c_b + t
 // (k rotated at c_b + t with rotary). It runs only for a call with no query rows: otherwise
 // the split-KV kernel appends (kv_kernel.cuh).

@@ -123,15 +123,24 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   const KvOut<Element> out{p, b, hk, split, splits};
 
   // ---- the append, fused: new row t goes to cache row c_b + t, written by one of the CTAs
-  // of its (sequence, KV head), dealt round-robin, once the CTA's first copies are in flight.
-  // A CTA whose keys include new rows reads them from k_new/v_new instead (rotated in shared
-  // memory), so no CTA of this grid reads a cache row that another writes.
+  // of its (sequence, KV head), dealt round-robin. A CTA's first row is read into registers
+  // before its first copies and written after its last tile (HeldRow); any further rows
+  // (more new rows than CTAs) go the same way there, each read then written. A CTA whose
+  // keys include new rows reads them from k_new/v_new instead (rotated in shared memory), so
+  // no CTA of this grid reads a cache row that another writes.
   const bool append = kAppend && p.seqlen_new > 0;
   const bool rotary = kAppend && p.rotary_cos != nullptr;
+  const int writers = int(gridDim.y * gridDim.z), writer = int(blockIdx.z * gridDim.y + blockIdx.y);
+  HeldRow<Element> held;
+  if (append) held.read(p, seq, b, hk, writer);
   auto write_new_rows = [&] {
-    if (!append) return;
-    const int writers = int(gridDim.y * gridDim.z), me = int(blockIdx.z * gridDim.y + blockIdx.y);
-    for (int t = me; t < p.seqlen_new; t += writers) append_row<Element>(p, seq, b, hk, t);
+    if constexpr (kAppend) {
+#pragma unroll 1
+      for (int t = writer; t < p.seqlen_new; t += writers) {
+        if (t != writer) held.read(p, seq, b, hk, t);
+        held.write(p, seq, hk);
+      }
+    }
   };
 
   // The key tiles some row of this block sees, and this split's share of them.
@@ -251,12 +260,13 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   };
 
   // ---- rotary: q's rows and the new keys turned in shared memory ----
-  // Once Q and the first tile land, the block turns each pair in place: q's row of query i at
-  // c_b + i (rotary_per_query) or c_b, a new key (from k_new) at its cache row c_b + t, as
-  // append_row turns its copy. Thread t turns pair t of every row, so no thread divides to
-  // find its pairs. The tables of q's rows and of the first tile's first kRotaryAhead new
-  // keys are read before the ring's first copies and kept unconverted until used; a later
-  // tile's new keys are turned at its turn in the ring.
+  // The block turns each pair in place: q's row of query i at c_b + i (rotary_per_query) or
+  // c_b, a new key (from k_new) at its cache row c_b + t, as HeldRow turns the cache's copy.
+  // Thread t turns pair t of every row, so no thread divides to find its pairs. Q's rows come
+  // in a cp.async group of their own and are turned as soon as they land, while the ring's
+  // first tiles are still in flight; a tile's new keys are turned at its turn in the ring.
+  // The tables of q's rows and of the first tile's first kRotaryAhead new keys are read
+  // before the ring's first copies and kept unconverted until used.
   constexpr int kRotaryAhead = 2;
   static_assert(Tr::kHeadDim / 2 <= Tr::kNThreads, "a thread for each pair of a row");
   const int half = p.rotary_dim / 2, c_mine = tid;
@@ -278,17 +288,18 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   auto q_pos = [&](int row) { return seq.cached + (p.rotary_per_query ? (r0 + row) / g : 0); };
   auto key_pos = [&](int n, int row) { return seq.start + n * kBlockN + row; };
   Element q_cs = Element(0), q_sn = Element(0), k_cs[kRotaryAhead], k_sn[kRotaryAhead];
-  // Tile n's turn in stage st, by the block, with Q's rows when `first` (the tables read ahead).
-  auto rotate = [&](int n, int st, bool first) {
+  auto rotate_q = [&] {  // q's rows, by the block
     if (c_mine >= half) return;
-    int lo = 0, hi = 0;
-    fresh_rows(n, lo, hi);
-    if (first)
-      for (int row = 0; row < rows; ++row) {
-        Element cs = q_cs, sn = q_sn;
-        if (p.rotary_per_query && row > 0) table(q_pos(row), cs, sn);
-        turn(sQ, row, cs, sn);
-      }
+    for (int row = 0; row < rows; ++row) {
+      Element cs = q_cs, sn = q_sn;
+      if (p.rotary_per_query && row > 0) table(q_pos(row), cs, sn);
+      turn(sQ, row, cs, sn);
+    }
+  };
+  // Tile n's new keys [lo, hi) in stage st, by the block; `first`: the ring's first tile
+  // (tables read ahead).
+  auto rotate_keys = [&](int n, int st, int lo, int hi, bool first) {
+    if (c_mine >= half) return;
     for (int row = lo; row < hi; ++row) {
       Element cs = q_cs, sn = q_sn;
       if (first && row - lo < kRotaryAhead) {
@@ -304,13 +315,13 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
 
   // ---- the ring: tile n in the MMAs (math(n, st)) while the next kStages − 1 tiles load ----
   // Step j issues tile n_end − 1 − j (a cp.async group per step, empty past n_begin; Q goes
-  // in group 0) and, from step kStages − 1 on, computes the tile issued kStages − 1 steps
-  // before. One loop for the ring's filling and its steady state: one copy of load_kv's code,
-  // which matters in a kernel whose loads saturate the memory: a warp that misses in the
-  // instruction cache waits behind them. A split with no tile runs the ring's first steps
-  // (no copies: the append's write only), so that append_row is compiled once: the appending
+  // in group 0, or with rotary in a group before it) and, from step kStages − 1 on, computes
+  // the tile issued kStages − 1 steps before. One loop for the ring's filling and its steady
+  // state: one copy of load_kv's code, which matters in a kernel whose loads saturate the
+  // memory: a warp that misses in the instruction cache waits behind them; the appending
   // kernel's code past its first 64 KiB missed the instruction cache on every pass
-  // (docs/learn/flash-decoding.md, "One loop for the ring").
+  // (docs/learn/flash-decoding.md, "One loop for the ring"). A split with no tile runs the
+  // ring's first steps with no copies, then writes its held row like any other.
   auto mainloop = [&](auto&& math) {
     const bool any = n_end > n_begin;
     if (any && rotary && c_mine < half) {
@@ -322,6 +333,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
         if (lo + j < hi) table(key_pos(n_end - 1, lo + j), k_cs[j], k_sn[j]);
     }
     if (any) load_rows(tQsQ, tQcQ, q_row);
+    if (any && rotary) cp_async_fence();  // Q's own group
     int st_load = 0, st = 0;
     const int steps = max(n_end - n_begin, 0) + kStages - 1;
 #pragma unroll 1
@@ -337,11 +349,15 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
       if (j < 0) continue;
       cp_async_fence();
       st_load = st_load + 1 == kStages ? 0 : st_load + 1;
-      if (j == kStages - 2) write_new_rows();  // once the first copies are in flight
+      if (j == kStages - 2 && any && rotary) {  // the ring's first tiles issued: Q turned meanwhile
+        cp_async_wait<kStages - 1>();  // Q's group has landed ...
+        __syncthreads();  // ... for every thread (the first compute step's barrier publishes the turn)
+        rotate_q();
+      }
       if (j < kStages - 1) continue;
       int lo, hi;
-      if (rotary && (n == n_end - 1 || fresh_rows(n, lo, hi))) {  // the same answer in every thread
-        rotate(n, st, n == n_end - 1);
+      if (rotary && fresh_rows(n, lo, hi)) {  // the same answer in every thread
+        rotate_keys(n, st, lo, hi, n == n_end - 1);
         __syncthreads();
       }
       math(n, st);
@@ -415,6 +431,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     Tensor tOsVt = smem_copy_v.get_thread_slice(me).partition_S(vt_view(st));  // (CPY, CPY_D, CPY_N)
     gemm_pv<Element>(mma, acc_o, acc_s, tOrVt, tOsVt, smem_copy_v);
   });
+  write_new_rows();  // the held row's loads landed long ago: its stores leave without a wait
 
   // ---- epilogue: normalized O and LSE per packed row ----
   Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)

@@ -246,22 +246,27 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
   typename Tr::PipelineState state_q, state_do;  // stage 0, phase 0
   if (steps.total > 0) cutlass::arch::ClusterTransactionBarrier::wait(&ss.barrier_kv, 0);
   if (p.varlen && steps.total > 0 && (n_block + 1) * kN > len_k) bwd_zero_rows<Tr>(len_k - n_block * kN, ctid, sK, sV);
-  for (int s = 0; s < steps.total; ++s) {
+  // m_blk: the step's query block, steps.m_block(s) counted along (no division per step).
+  const int m_last = steps.m_begin + steps.per_head - 1;
+  for (int s = 0, m_blk = steps.m_begin; s < steps.total; ++s, m_blk = m_blk == m_last ? steps.m_begin : m_blk + 1) {
     const int st = state_q.index();  // the Q and dO rings advance together
     const int ds_st = s % Tr::kStages;
+    const int i0 = m_blk * kM;
     Tensor acc_s = partition_fragment_C(mma_sdp, Shape<BlkN, BlkM>{});   // (MMA, MMA_N, MMA_M): Sᵀ
     Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<BlkN, BlkM>{});  // dPᵀ
     pipeline_q.consumer_wait(state_q);
-    if (const int i0 = steps.m_block(s) * kM; p.varlen && i0 + kM > seq.len_q) {  // a ragged last block
+    if (p.varlen && i0 + kM > seq.len_q) {  // a ragged last block
       pipeline_do.consumer_wait(state_do);
       bwd_zero_rows<Tr>(seq.len_q - i0, ctid, sQ(_, _, st), sDo(_, _, st));
     }
     warpgroup_gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, st), acc_s);
+    const BwdScores<Tr> scores(p, seq, ss.lse_log2.data() + st * kM, ss.dsum.data() + st * kM, i0, n_block * kN);
+    float lse[Tr::kLseInRegisters ? decltype(size(acc_s))::value : 1];
+    if constexpr (Tr::kLseInRegisters) scores.gather(scores.lse_log2, tScS, lse);  // while S runs
     pipeline_do.consumer_wait(state_do);
     warpgroup_gemm_issue<true>(mma_sdp, tSrV, tSrDo(_, _, _, st), acc_dp);
-    const BwdScores<Tr> scores(p, seq, ss.lse_log2.data() + st * kM, ss.dsum.data() + st * kM,
-                               steps.m_block(s) * kM, n_block * kN);
-    scores.template form<kSoftcap>(acc_s, acc_dp, tScS);
+    if constexpr (Tr::kLseInRegisters) scores.template form<kSoftcap>(acc_s, acc_dp, tScS, lse);
+    else scores.template form<kSoftcap>(acc_s, acc_dp, tScS);
     Tensor rP = round_to<Element>(acc_s);    // (MMA, MMA_N, MMA_M)
     Tensor rDs = round_to<Element>(acc_dp);  // (MMA, MMA_N, MMA_M)
 

@@ -66,25 +66,46 @@ struct BwdScores {
       f(cute::true_type{});
   }
 
-  template <class Acc, class Coord>
-  __device__ void probs(Acc& acc_s, const Coord& tScS) const {
+  // Where probs and dscores find each value's LSE or D: read from shared memory at use
+  // (at(v, tScS)), or from a copy in registers (regs(r)) that gather() made earlier.
+  template <class Coord>
+  struct at {
+    const float* v;
+    const Coord& tScS;
+    __device__ float operator()(int e) const { return v[get<1>(tScS(e))]; }
+  };
+  template <int kN>
+  struct regs {
+    const float (&r)[kN];
+    __device__ float operator()(int e) const { return r[e]; }
+  };
+  // Each value's entry of a per-query vector in shared memory (LSE or D), into registers: read
+  // as soon as its stage has landed, before the MMA wait that would hold the reads back (the
+  // wait's memory clobber). Values of one query share an address, read once.
+  template <class Coord, int kN>
+  __device__ void gather(const float* v, const Coord& tScS, float (&r)[kN]) const {
+    CUTE_UNROLL
+    for (int e = 0; e < kN; ++e) r[e] = v[get<1>(tScS(e))];
+  }
+  template <class Acc, class Coord, class Lse>
+  __device__ void probs(Acc& acc_s, const Coord& tScS, const Lse& lse) const {
     dispatch([&](auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
       const float scale_log2 = p.scale_log2;
       CUTE_UNROLL
       for (int e = 0; e < size(acc_s); ++e) {
-        const float pe = cuda::exp2_approx(acc_s(e) * scale_log2 - lse_log2[get<1>(tScS(e))]);
+        const float pe = cuda::exp2_approx(acc_s(e) * scale_log2 - lse(e));
         acc_s(e) = seen<kMasked>(tScS, e) ? pe : 0.f;
       }
     });
   }
-  template <class Acc, class Coord>
-  __device__ void dscores(const Acc& acc_s, Acc& acc_dp, const Coord& tScS) const {
+  template <class Acc, class Coord, class D>
+  __device__ void dscores(const Acc& acc_s, Acc& acc_dp, const Coord& tScS, const D& d) const {
     dispatch([&](auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
       CUTE_UNROLL
       for (int e = 0; e < size(acc_dp); ++e) {
-        const float ds = acc_s(e) * (acc_dp(e) - dsum[get<1>(tScS(e))]);
+        const float ds = acc_s(e) * (acc_dp(e) - d(e));
         acc_dp(e) = seen<kMasked>(tScS, e) ? ds : 0.f;
       }
     });
@@ -106,7 +127,7 @@ struct BwdScores {
     });
   }
   // Both halves, each once its MMA is done (S, then dP, issued in that order): P while dP
-  // runs; with softcap both after dP.
+  // runs; with softcap both after dP. LSE and D are read from shared memory at use.
   template <bool kSoftcap, class Acc, class Coord>
   __device__ void form(Acc& acc_s, Acc& acc_dp, const Coord& tScS) const {
     if constexpr (kSoftcap) {
@@ -114,9 +135,25 @@ struct BwdScores {
       softcapped(acc_s, acc_dp, tScS);
     } else {
       warpgroup_wait_for<1>(acc_s);  // S is done, dP runs on
-      probs(acc_s, tScS);
+      probs(acc_s, tScS, at<Coord>{lse_log2, tScS});
       warpgroup_wait_for<0>(acc_dp);
-      dscores(acc_s, acc_dp, tScS);
+      dscores(acc_s, acc_dp, tScS, at<Coord>{dsum, tScS});
+    }
+  }
+  // The same with LSE in registers: `lse` is gather()'s copy, which the caller made right
+  // after issuing S; D is gathered here after P, before the dP wait. Each copy holds one
+  // value per score of the thread (Tr::kLseInRegisters).
+  template <bool kSoftcap, class Acc, class Coord, int kN>
+  __device__ void form(Acc& acc_s, Acc& acc_dp, const Coord& tScS, const float (&lse)[kN]) const {
+    if constexpr (kSoftcap) {
+      form<kSoftcap>(acc_s, acc_dp, tScS);
+    } else {
+      warpgroup_wait_for<1>(acc_s);  // S is done, dP runs on
+      probs(acc_s, tScS, regs<kN>{lse});
+      float d[kN];
+      gather(dsum, tScS, d);
+      warpgroup_wait_for<0>(acc_dp);
+      dscores(acc_s, acc_dp, tScS, regs<kN>{d});
     }
   }
 };

@@ -78,6 +78,11 @@ struct BwdTraits {
   static constexpr int kStagesDo = kStages;
   static_assert(kBlockN == 64 * kNConsumerWarpgroups, "each consumer owns 64 keys");
   static_assert(kBlockM % 16 == 0 && kBlockM <= 256, "queries are the wgmma N of S and dP");
+  // A step's LSE goes into registers right after S is issued, one copy per score the thread
+  // holds, where that is at most 32 (64 query rows); with 128 rows (head dim 64) the 64 more
+  // live registers spilled, and LSE and D are read from shared memory at use
+  // (BwdScores::form, bwd_scores.cuh).
+  static constexpr bool kLseInRegisters = kBlockM * kBlockN / kNConsumerThreads <= 32;
   static_assert(kHeadDim % 32 == 0, "head dims of whole 64-byte lines (smem_atom picks the swizzle)");
 
   using BlkM = Int<kBlockM>;

@@ -1,7 +1,8 @@
 // The KV cache's rows, read through clamped tables, and the append: the new rows k_new/v_new
-// written into the cache at cache_seqlens[b], k rotated on the way with rotary (append_row,
-// which the split-KV kernel of kv_kernel.cuh calls; kv_append_kernel for a call with no query
-// rows). FlashAttention-2 rotates only with k_new.
+// written into the cache at cache_seqlens[b], k rotated on the way with rotary (HeldRow, which
+// the split-KV kernel of kv_kernel.cuh reads early and writes late; append_row in line, for
+// kv_append_kernel, which runs for a call with no query rows). FlashAttention-2 rotates only
+// with k_new.
 //
 // Rotary (FlashAttention-2's apply_rotary_emb): position pos turns each pair (x_a, x_b) of
 // the first rotary_dim channels into (x_a·cos − x_b·sin, x_a·sin + x_b·cos) with row pos of

@@ -126,6 +126,15 @@ KvCall make_call(const KvCase& c, std::mt19937_64& rng) {
         }
     }
   }
+  if (c.k_ramp > 0) {
+    const int64_t row_elems = int64_t(c.heads_kv) * c.head_dim;
+    for (int b = 0; b < B; ++b)
+      for (int pos = 0; pos < c.cached[b]; ++pos) {
+        const double scale = 1.0 + double(c.capacity - pos) / c.k_ramp;
+        const int64_t row = cache_index(k, c, b, pos);
+        for (int64_t e = 0; e < row_elems; ++e) k.k_cache.set(row + e, k.k_cache.get(row + e) * scale);
+      }
+  }
   if (c.nan_visible >= 0)
     k.k_cache.set(cache_index(k, c, 0, c.nan_visible), std::numeric_limits<double>::quiet_NaN());
   if (c.rotary_dim > 0) {  // RoPE: angle pos·10000^(−2i / rotary_dim)

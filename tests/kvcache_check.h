@@ -55,6 +55,11 @@ struct KvCase {
   // columns (row stride padded), pairs (2i, 2i + 1) when interleaved, else halves.
   int rotary_dim = 0;
   bool rotary_interleaved = true;
+  // > 0: K cache row pos times 1 + (capacity − pos) / k_ramp, so that the scores grow toward
+  // the cache's first rows. The split-KV ring reads a split's tiles from the last down, so a
+  // row's running max keeps rising by more than the lazy rescale's threshold and O is
+  // rescaled on later tiles, not only the first.
+  int k_ramp = 0;
 };
 
 // The tensors of one case, on the host.

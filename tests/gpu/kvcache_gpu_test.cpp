@@ -5,8 +5,8 @@
 // append, zero-length caches, left padding, causal, windows and softcap, NaN in the rows no
 // query sees, rotary (both pair layouts, rotary_dim below head_dim, q per query or at the
 // cache's end),
-// and split counts chosen by the kernel, forced to 1 and forced above the key tiles a
-// sequence has.
+// scores that rise along the cache (O rescaled past a split's first tile), and split counts
+// chosen by the kernel, forced to 1 and forced above the key tiles a sequence has.
 // Then the device tables' clamping: out-of-range cache_seqlens, cache_batch_idx and
 // block_table values, and rotary positions past the tables, give results in bounds.
 #include <gtest/gtest.h>
@@ -81,6 +81,19 @@ std::vector<KvCase> gpu_cases() {
   n2->nan_visible = 1400, n2->num_splits = 8;
   auto* n3 = add({"bf16_d64_nan_visible_one_split_sq16", kBF16, 16, 8, 2, 1024, 0, {1000, 64}}, 64);
   n3->nan_visible = 0, n3->num_splits = 1;
+  // Scores that rise along the ring (k_ramp): O rescaled past the first tile, in the
+  // keys-per-warp kernel (one split and several), the rows-per-warp one, and with softcap
+  // and an append.
+  auto* g1 = add({"bf16_d128_rising_scores_decode_one_split", kBF16, 1, 8, 2, 2048, 0, {2000, 1500}}, 128);
+  g1->k_ramp = 64, g1->num_splits = 1;
+  add({"fp16_d128_rising_scores_decode_paged16", kF16, 1, 8, 2, 2048, 16, {2000, 999}}, 128)->k_ramp = 32;
+  auto* g2 = add({"fp16_d64_rising_scores_sq16_causal", kF16, 16, 8, 2, 1024, 0, {1000, 700}}, 64);
+  g2->k_ramp = 32, g2->causal = true, g2->num_splits = 2;
+  auto* g3 = add({"bf16_d256_rising_scores_softcap_append2", kBF16, 2, 8, 2, 512, 0, {500, 300}, 2}, 256);
+  g3->k_ramp = 16, g3->softcap = 30.f, g3->causal = true;
+  // Softcap in the rows-per-warp kernel, appending.
+  auto* c1 = add({"bf16_d128_paged32_softcap_sq16_append3_causal", kBF16, 16, 8, 2, 1024, 32, {900, 40}, 3}, 128);
+  c1->softcap = 20.f, c1->causal = true;
   // Rotary in the append kernel, q read from the workspace (after the partials with splits).
   add({"bf16_d128_rotary_interleaved_decode_gqa4", kBF16, 1, 8, 2, 2048, 0, {2000, 1, 777}, 1}, 128)
       ->rotary_dim = 128;

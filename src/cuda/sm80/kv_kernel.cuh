@@ -86,6 +86,40 @@ __device__ __forceinline__ void mask_packed(S& s, C const& coords, const MaskPol
   }
 }
 
+// O's rows times rescale (OnlineSoftmax::rescale_o), as a branch the warp takes only when
+// some row's max moved. Written as an if around the multiplies, the compiler predicates
+// them (64 FMULs at head dim 128) and every tile issues them; a call is not predicated.
+template <int N>
+struct Floats {
+  float v[N];
+};
+// o: an m16n8 accumulator's values in fragment order (4 per fragment, rows i and i + 8).
+template <int N>
+__device__ __noinline__ Floats<N> scale_fragments(Floats<N> o, float top, float bottom) {
+  CUTE_UNROLL
+  for (int i = 0; i < N; ++i) o.v[i] *= (i % 4) < 2 ? top : bottom;
+  return o;
+}
+// A row whose max was -inf before the tile (no key seen) has O = 0: the call is skipped for
+// it, so the first tile costs none.
+template <class Acc>
+__device__ __forceinline__ void rescale_o_branch(Acc& acc, const float (&rescale)[2],
+                                                 const float (&old_max)[2]) {
+  static_assert(decltype(size<0>(acc))::value == 4 && decltype(size<1>(acc))::value == 1,
+                "one m16n8 fragment row per warp");
+  bool moved = false;
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) moved |= old_max[r] != -INFINITY && rescale[r] != 1.f;
+  if (!__any_sync(0xffffffffu, moved)) return;
+  constexpr int N = decltype(size(acc))::value;
+  Floats<N> f;
+  CUTE_UNROLL
+  for (int i = 0; i < N; ++i) f.v[i] = acc(i);
+  f = scale_fragments<N>(f, rescale[0], rescale[1]);
+  CUTE_UNROLL
+  for (int i = 0; i < N; ++i) acc(i) = f.v[i];
+}
+
 // grid (batch·heads_kv, splits, row blocks), Tr::kNThreads threads. Two ways to spread the
 // MMAs over the 4 warps, picked at launch:
 //   kKeysPerWarp = false: warp w owns packed rows [16w, 16w + 16) of the 64 and all keys of
@@ -97,7 +131,10 @@ __device__ __forceinline__ void mask_packed(S& s, C const& coords, const MaskPol
 //     kept the other warps waiting at the tile barrier for 42% of their cycles.
 // kAppend: the call appends (k_new given, rotary only then). A call without is compiled
 // without the append's and rotary's code, which cost the paged loop registers and time.
-template <class Tr, int kStages, bool kKeysPerWarp, bool kAppend>
+// kSoftcap: the call caps its scores. Compiled apart, since a run-time test does not branch
+// around softcap's tanh: the compiler predicates its 122 instructions (head dim 128), and
+// every tile issued them with softcap off.
+template <class Tr, int kStages, bool kKeysPerWarp, bool kAppend, bool kSoftcap>
 __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     kv_kernel(const __grid_constant__ KvCacheParams p, int splits) {
   using Element = typename Tr::Element;
@@ -365,9 +402,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     }
   };
 
-  const bool softcap = mask.softcap > 0.f;
-  const float scale_log2 = softcap ? mask.softcap * kLog2e : p.scale_log2;
-  const float softcap_pre = softcap ? p.scale / mask.softcap : 0.f;
+  const float scale_log2 = kSoftcap ? mask.softcap * kLog2e : p.scale_log2;
+  const float softcap_pre = kSoftcap ? p.scale / mask.softcap : 0.f;
 
   // ---- the math: S = Q Kᵀ, mask, online softmax, O += P V on one tile's keys ----
   //   mma: the TiledMma of the arrangement (one warp's, or the four warps'); q_view, k_view,
@@ -420,14 +456,15 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     gemm_ss(mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_copy_k);
 
     Tensor s = make_tensor(acc_s.data(), acc_rowcol(acc_s.layout()));  // (rows, cols)
-    if (softcap) softcap_scores(s, softcap_pre);
+    if constexpr (kSoftcap) softcap_scores(s, softcap_pre);
     if (j0 + KeysN{} > len_k || !mask.tile_is_full(i_lo, i_hi, j0, j0 + KeysN{}, len_q, len_k))
       mask_packed(s, tScS_rc, mask, r0, g, j0, len_q, len_k);
 
-    Tensor o = make_tensor(acc_o.data(), acc_rowcol(acc_o.layout()));  // (rows, cols)
-    float rescale[kRows];
+    float rescale[kRows], old_max[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) old_max[r] = softmax.row_max[r];
     softmax.update(s, scale_log2, rescale);
-    OnlineSoftmax<kRows>::rescale_o(o, rescale);
+    rescale_o_branch(acc_o, rescale, old_max);
     Tensor tOsVt = smem_copy_v.get_thread_slice(me).partition_S(vt_view(st));  // (CPY, CPY_D, CPY_N)
     gemm_pv<Element>(mma, acc_o, acc_s, tOrVt, tOsVt, smem_copy_v);
   });
@@ -470,30 +507,31 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
       if (get<1>(tOcO_rc(r, 0)) == 0) part_lse[warp * 16 + row] = lse[r];
     }
     __syncthreads();
+    // Warp w's weight is e^(LSE_w − LSE) = e^(LSE_w − m) / Σ_w' e^(LSE_w' − m): one
+    // exponential a warp, and the log only where the LSE is written.
     for (int e = 2 * tid; e < rows * kHeadDim; e += 2 * Tr::kNThreads) {
       const int row = e / kHeadDim, col = e % kHeadDim;
-      float l[kWarps], m = -INFINITY;
+      float l[kWarps], x[kWarps], m = -INFINITY, sum = 0.f;
       bool nan = false;  // a warp's part saw a NaN: so does the row
       CUTE_UNROLL
       for (int w = 0; w < kWarps; ++w) {
         m = fmaxf(m, l[w] = part_lse[w * 16 + row]);
         nan |= l[w] != l[w];
       }
-      float sum = 0.f;
       CUTE_UNROLL
-      for (int w = 0; w < kWarps; ++w) sum += part_exp(l[w], m);
-      const float all = nan ? NAN : merged_lse(m, sum);
+      for (int w = 0; w < kWarps; ++w) sum += x[w] = part_exp(l[w], m);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
       float v0 = 0.f, v1 = 0.f;
       CUTE_UNROLL
       for (int w = 0; w < kWarps; ++w) {
         if (l[w] == -INFINITY) continue;
-        const float weight = part_exp(l[w], all);
+        const float weight = x[w] * inv;
         v0 += weight * part_o[(w * 16 + row) * kHeadDim + col];
         v1 += weight * part_o[(w * 16 + row) * kHeadDim + col + 1];
       }
       if (nan) v0 = v1 = NAN;
       out.o2(r0 + row, col, v0, v1);
-      if (col == 0) out.lse(r0 + row, all);
+      if (col == 0) out.lse(r0 + row, nan ? NAN : merged_lse(m, sum));
     }
   }
 }
@@ -502,20 +540,25 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
 // The kernel for p: keys spread over the warps where a block has at most 16 packed rows
 // and a tile has 16 keys per warp (head dims up to 128), else rows spread over them; the
 // appending kernel where p appends.
-template <DType kDtype, int kHeadDim, bool kAppend>
+template <DType kDtype, int kHeadDim, bool kAppend, bool kSoftcap>
 const void* kv_kernel_of(const KvCacheParams& p) {
   using Config = KvConfig<kDtype, kHeadDim>;
   using Tr = typename Config::Traits;
   if constexpr (Tr::kBlockN == 16 * Tr::kNWarps) {
     if (KvInstance<kDtype, kHeadDim>::keys_per_warp(p))
-      return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, true, kAppend>);
+      return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, true, kAppend, kSoftcap>);
   }
-  return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, false, kAppend>);
+  return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, false, kAppend, kSoftcap>);
+}
+template <DType kDtype, int kHeadDim, bool kAppend>
+const void* kv_kernel_capped(const KvCacheParams& p) {
+  return p.mask.softcap > 0.f ? kv_kernel_of<kDtype, kHeadDim, kAppend, true>(p)
+                              : kv_kernel_of<kDtype, kHeadDim, kAppend, false>(p);
 }
 template <DType kDtype, int kHeadDim>
 const void* kv_kernel_for(const KvCacheParams& p) {
-  return p.k_new != nullptr && p.seqlen_new > 0 ? kv_kernel_of<kDtype, kHeadDim, true>(p)
-                                                : kv_kernel_of<kDtype, kHeadDim, false>(p);
+  return p.k_new != nullptr && p.seqlen_new > 0 ? kv_kernel_capped<kDtype, kHeadDim, true>(p)
+                                                : kv_kernel_capped<kDtype, kHeadDim, false>(p);
 }
 
 template <DType kDtype, int kHeadDim>

@@ -539,7 +539,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
 // ---- launch ------------------------------------------------------------------------------
 // The kernel for p: keys spread over the warps where a block has at most 16 packed rows
 // and a tile has 16 keys per warp (head dims up to 128), else rows spread over them; the
-// appending kernel where p appends.
+// appending kernel where p appends, the capping one where p has softcap: 8 instantiations
+// per dtype at head dims up to 128, 4 past it (rows per warp only).
 template <DType kDtype, int kHeadDim, bool kAppend, bool kSoftcap>
 const void* kv_kernel_of(const KvCacheParams& p) {
   using Config = KvConfig<kDtype, kHeadDim>;

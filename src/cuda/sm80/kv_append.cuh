@@ -118,14 +118,15 @@ __device__ __forceinline__ void append_row(const KvCacheParams& p, const CacheSe
 // (2i, 2i + 1), with rotary the tables' entry i at the row's position, and in a paged cache
 // the table's entry for the row's page, which the write clamps. The slots cover each column
 // once in either rotary layout: pairs i < rotary_dim / 2 cover [0, rotary_dim). The same
-// unfused rotation as append_row, so the same bits.
-template <class Element>
+// unfused rotation as append_row, so the same bits. kRotary: the call has rotary tables (the
+// kernel's template flag, so that the test is not a parameter load).
+template <class Element, bool kRotary>
 struct HeldRow {
   Element ka, kb, va, vb, cs, sn;
   int t = -1, page = 0;  // t < 0: this thread holds nothing
 
   __device__ __forceinline__ int2 k_cols(const KvCacheParams& p, int i) const {
-    if (p.rotary_cos != nullptr && i < p.rotary_dim / 2)
+    if (kRotary && i < p.rotary_dim / 2)
       return p.rotary_interleaved ? make_int2(2 * i, 2 * i + 1) : make_int2(i, i + p.rotary_dim / 2);
     return make_int2(2 * i, 2 * i + 1);
   }
@@ -140,7 +141,7 @@ struct HeldRow {
                         t * p.vn_row_stride + hk * p.vn_head_stride;
     const int2 c = k_cols(p, i);
     ka = kn[c.x], kb = kn[c.y], va = vn[2 * i], vb = vn[2 * i + 1];
-    if (p.rotary_cos != nullptr && i < p.rotary_dim / 2) {
+    if (kRotary && i < p.rotary_dim / 2) {
       const int64_t r = clamp_to(pos, 0, p.seqlen_ro - 1);
       cs = static_cast<const Element*>(p.rotary_cos)[r * p.rotary_cos_stride + i];
       sn = static_cast<const Element*>(p.rotary_sin)[r * p.rotary_sin_stride + i];
@@ -156,7 +157,7 @@ struct HeldRow {
     Element* v = static_cast<Element*>(const_cast<void*>(p.v)) + hk * p.v_head_stride +
                  row_offset(p, s, pg, pos, p.v_batch_stride, p.v_row_stride);
     const int2 c = k_cols(p, i);
-    if (p.rotary_cos != nullptr && i < p.rotary_dim / 2)
+    if (kRotary && i < p.rotary_dim / 2)
       rotate_pair(k[c.x], k[c.y], ka, kb, float(cs), float(sn));
     else
       k[c.x] = ka, k[c.y] = kb;

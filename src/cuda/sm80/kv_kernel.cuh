@@ -28,6 +28,8 @@
 // online softmax in exp2 units, P in registers as O += P V's A operand (gemm_pv).
 #pragma once
 
+#include <climits>
+
 #include <cute/tensor.hpp>
 
 #include "common/constants.h"
@@ -129,14 +131,18 @@ __device__ __forceinline__ void rescale_o_branch(Acc& acc, const float (&rescale
 //     and the four (max, sum, O) are merged through shared memory at the end, as split-KV
 //     merges splits. On an H200 a decode step's single math warp (the first arrangement)
 //     kept the other warps waiting at the tile barrier for 42% of their cycles.
-// kAppend: the call appends (k_new given, rotary only then). A call without is compiled
-// without the append's and rotary's code, which cost the paged loop registers and time.
+// kAppend: the call appends (k_new given). A call without is compiled without the append's
+// code, which costs the paged loop registers and time. kRotary (appending only): the call
+// turns q and the new keys. Apart too: as a run-time test, ptxas reloaded the rotary_cos
+// pointer from the parameters at every step of the ring to test it, and a call without
+// rotary carried the rotation's code.
 // kSoftcap: the call caps its scores. Compiled apart, since a run-time test does not branch
 // around softcap's tanh: the compiler predicates its 122 instructions (head dim 128), and
 // every tile issued them with softcap off.
-template <class Tr, int kStages, bool kKeysPerWarp, bool kAppend, bool kSoftcap>
+template <class Tr, int kStages, bool kKeysPerWarp, bool kAppend, bool kRotary, bool kSoftcap>
 __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     kv_kernel(const __grid_constant__ KvCacheParams p, int splits) {
+  static_assert(kAppend || !kRotary, "rotary turns the new keys: appending only");
   using Element = typename Tr::Element;
   using BlkM = typename Tr::BlkM;
   using BlkN = typename Tr::BlkN;
@@ -166,9 +172,11 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // keys include new rows reads them from k_new/v_new instead (rotated in shared memory), so
   // no CTA of this grid reads a cache row that another writes.
   const bool append = kAppend && p.seqlen_new > 0;
-  const bool rotary = kAppend && p.rotary_cos != nullptr;
+  constexpr bool rotary = kRotary;
+  // Tiles from n_fresh on hold new keys: the sequence's first c_b − s_b keys are the cache's.
+  const int n_fresh = append ? (seq.cached - seq.start) / kBlockN : INT_MAX;
   const int writers = int(gridDim.y * gridDim.z), writer = int(blockIdx.z * gridDim.y + blockIdx.y);
-  HeldRow<Element> held;
+  HeldRow<Element, kRotary> held;
   if (append) held.read(p, seq, b, hk, writer);
   auto write_new_rows = [&] {
     if constexpr (kAppend) {
@@ -261,7 +269,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     const int64_t v_base = tile_in_page ? row_offset(p, seq, tile_page, first, p.v_batch_stride, p.v_row_stride) : 0;
     auto dst_k = gmem_thr.partition_D(sK(st));
     auto dst_v = gmem_thr.partition_D(make_tensor(make_smem_ptr(smem_v(st)), typename Tr::SmemLayoutKV{}));
-    const bool fresh = append && first + kBlockN > seq.cached;
+    const bool fresh = n >= n_fresh;  // the tile holds new rows
     const bool all_seen = !fresh && j0 >= kb && j0 + kBlockN <= ke;
     if (tile_in_page && all_seen) {
       // Every tile but a sequence's first and last: all rows seen and in one page, so row r
@@ -299,18 +307,22 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // ---- rotary: q's rows and the new keys turned in shared memory ----
   // The block turns each pair in place: q's row of query i at c_b + i (rotary_per_query) or
   // c_b, a new key (from k_new) at its cache row c_b + t, as HeldRow turns the cache's copy.
-  // Thread t turns pair t of every row, so no thread divides to find its pairs. Q's rows come
-  // in a cp.async group of their own and are turned as soon as they land, while the ring's
-  // first tiles are still in flight; a tile's new keys are turned at its turn in the ring.
-  // The tables of q's rows and of the first tile's first kRotaryAhead new keys are read
+  // Thread t turns pair t % (D/2) of rows t / (D/2), t / (D/2) + kRowsPerPass, ...: the rows
+  // spread over every warp (a decode step's 4 rows of q are 2 per thread at head dim 128),
+  // and no thread divides by a run-time value to find its pairs. Q's rows come in a cp.async
+  // group of their own and are turned as soon as they land, while the ring's first tiles are
+  // still in flight; a tile's new keys are turned at its turn in the ring. The tables of the
+  // thread's first q row and of its first kRotaryAhead new keys of the first tile are read
   // before the ring's first copies and kept unconverted until used.
   constexpr int kRotaryAhead = 2;
-  static_assert(Tr::kHeadDim / 2 <= Tr::kNThreads, "a thread for each pair of a row");
-  const int half = p.rotary_dim / 2, c_mine = tid;
+  constexpr int kPairSlots = kHeadDim / 2, kRowsPerPass = Tr::kNThreads / kPairSlots;
+  static_assert(kRowsPerPass >= 1, "a thread for each pair of a row");
+  const int half = p.rotary_dim / 2, c_mine = tid % kPairSlots, r_mine = tid / kPairSlots;
+  const bool turns = c_mine < half && r_mine < kRowsPerPass;  // this thread turns pairs
   auto fresh_rows = [&](int n, int& lo, int& hi) {  // tile n's new keys to turn: rows [lo, hi)
     const int first = seq.start + n * kBlockN;
     lo = max(0, seq.cached - first), hi = min(kBlockN, seq.cached + p.seqlen_new - first);
-    if (!append || !rotary || lo >= hi) lo = hi = 0;
+    if (!rotary || n < n_fresh || lo >= hi) lo = hi = 0;
     return lo < hi;
   };
   auto table = [&](int pos, Element& cs, Element& sn) {  // pair c_mine's at position pos
@@ -326,23 +338,23 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   auto key_pos = [&](int n, int row) { return seq.start + n * kBlockN + row; };
   Element q_cs = Element(0), q_sn = Element(0), k_cs[kRotaryAhead], k_sn[kRotaryAhead];
   auto rotate_q = [&] {  // q's rows, by the block
-    if (c_mine >= half) return;
-    for (int row = 0; row < rows; ++row) {
+    if (!turns) return;
+    for (int row = r_mine; row < rows; row += kRowsPerPass) {
       Element cs = q_cs, sn = q_sn;
-      if (p.rotary_per_query && row > 0) table(q_pos(row), cs, sn);
+      if (p.rotary_per_query && row != r_mine) table(q_pos(row), cs, sn);
       turn(sQ, row, cs, sn);
     }
   };
   // Tile n's new keys [lo, hi) in stage st, by the block; `first`: the ring's first tile
   // (tables read ahead).
   auto rotate_keys = [&](int n, int st, int lo, int hi, bool first) {
-    if (c_mine >= half) return;
-    for (int row = lo; row < hi; ++row) {
-      Element cs = q_cs, sn = q_sn;
-      if (first && row - lo < kRotaryAhead) {
+    if (!turns) return;
+    for (int row = lo + r_mine, i = 0; row < hi; row += kRowsPerPass, ++i) {
+      Element cs = Element(0), sn = Element(0);
+      if (first && i < kRotaryAhead) {
         CUTE_UNROLL
         for (int j = 0; j < kRotaryAhead; ++j)
-          if (j == row - lo) cs = k_cs[j], sn = k_sn[j];
+          if (j == i) cs = k_cs[j], sn = k_sn[j];
       } else {
         table(key_pos(n, row), cs, sn);
       }
@@ -361,13 +373,15 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // ring's first steps with no copies, then writes its held row like any other.
   auto mainloop = [&](auto&& math) {
     const bool any = n_end > n_begin;
-    if (any && rotary && c_mine < half) {
+    if (any && rotary && turns) {
       int lo = 0, hi = 0;
       fresh_rows(n_end - 1, lo, hi);
-      table(q_pos(0), q_cs, q_sn);
+      table(q_pos(r_mine), q_cs, q_sn);
       CUTE_UNROLL
-      for (int j = 0; j < kRotaryAhead; ++j)
-        if (lo + j < hi) table(key_pos(n_end - 1, lo + j), k_cs[j], k_sn[j]);
+      for (int j = 0; j < kRotaryAhead; ++j) {
+        const int row = lo + r_mine + j * kRowsPerPass;
+        if (row < hi) table(key_pos(n_end - 1, row), k_cs[j], k_sn[j]);
+      }
     }
     if (any) load_rows(tQsQ, tQcQ, q_row);
     if (any && rotary) cp_async_fence();  // Q's own group
@@ -539,27 +553,28 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
 // ---- launch ------------------------------------------------------------------------------
 // The kernel for p: keys spread over the warps where a block has at most 16 packed rows
 // and a tile has 16 keys per warp (head dims up to 128), else rows spread over them; the
-// appending kernel where p appends, the capping one where p has softcap: 8 instantiations
-// per dtype at head dims up to 128, 4 past it (rows per warp only).
-template <DType kDtype, int kHeadDim, bool kAppend, bool kSoftcap>
+// appending kernel where p appends (with or without rotary), the capping one where p has
+// softcap: 12 instantiations per dtype at head dims up to 128, 6 past it (rows per warp only).
+template <DType kDtype, int kHeadDim, bool kAppend, bool kRotary, bool kSoftcap>
 const void* kv_kernel_of(const KvCacheParams& p) {
   using Config = KvConfig<kDtype, kHeadDim>;
   using Tr = typename Config::Traits;
   if constexpr (Tr::kBlockN == 16 * Tr::kNWarps) {
     if (KvInstance<kDtype, kHeadDim>::keys_per_warp(p))
-      return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, true, kAppend, kSoftcap>);
+      return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, true, kAppend, kRotary, kSoftcap>);
   }
-  return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, false, kAppend, kSoftcap>);
+  return reinterpret_cast<const void*>(kv_kernel<Tr, Config::kStages, false, kAppend, kRotary, kSoftcap>);
 }
-template <DType kDtype, int kHeadDim, bool kAppend>
+template <DType kDtype, int kHeadDim, bool kAppend, bool kRotary>
 const void* kv_kernel_capped(const KvCacheParams& p) {
-  return p.mask.softcap > 0.f ? kv_kernel_of<kDtype, kHeadDim, kAppend, true>(p)
-                              : kv_kernel_of<kDtype, kHeadDim, kAppend, false>(p);
+  return p.mask.softcap > 0.f ? kv_kernel_of<kDtype, kHeadDim, kAppend, kRotary, true>(p)
+                              : kv_kernel_of<kDtype, kHeadDim, kAppend, kRotary, false>(p);
 }
 template <DType kDtype, int kHeadDim>
 const void* kv_kernel_for(const KvCacheParams& p) {
-  return p.k_new != nullptr && p.seqlen_new > 0 ? kv_kernel_capped<kDtype, kHeadDim, true>(p)
-                                                : kv_kernel_capped<kDtype, kHeadDim, false>(p);
+  if (p.k_new == nullptr || p.seqlen_new <= 0) return kv_kernel_capped<kDtype, kHeadDim, false, false>(p);
+  return p.rotary_cos != nullptr ? kv_kernel_capped<kDtype, kHeadDim, true, true>(p)
+                                 : kv_kernel_capped<kDtype, kHeadDim, true, false>(p);
 }
 
 template <DType kDtype, int kHeadDim>

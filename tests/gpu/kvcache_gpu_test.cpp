@@ -108,7 +108,8 @@ std::vector<KvCase> gpu_cases() {
   auto* r5 = add({"bf16_d256_rotary_append2_causal_gqa4", kBF16, 2, 8, 2, 512, 0, {500, 3}, 2}, 256);
   r5->causal = true, r5->rotary_dim = 256;
   // Rotary where the head dim's pairs do not fill the block's threads in whole rows (96: two
-  // rows a pass, 32 threads idle; 192: one row a pass) and rotary_dim is below the head dim.
+  // rows a pass, 32 threads idle; 192: one row a pass), the second with rotary_dim below the
+  // head dim.
   auto* r6 = add({"bf16_d96_rotary_halves_sq4_append4_causal_gqa4", kBF16, 4, 8, 2, 1024, 0, {900, 50}, 4}, 96);
   r6->causal = true, r6->rotary_dim = 96, r6->rotary_interleaved = false;
   auto* r7 = add({"fp16_d192_paged64_rotary_rd128_sq2_append2", kF16, 2, 4, 2, 512, 64, {400, 65}, 2}, 192);

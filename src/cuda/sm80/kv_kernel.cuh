@@ -167,17 +167,24 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
 
   // ---- the append, fused: new row t goes to cache row c_b + t, written by one of the CTAs
   // of its (sequence, KV head), dealt round-robin. A CTA's first row is read into registers
-  // before its first copies and written after its last tile (HeldRow); any further rows
-  // (more new rows than CTAs) go the same way there, each read then written. A CTA whose
-  // keys include new rows reads them from k_new/v_new instead (rotated in shared memory), so
-  // no CTA of this grid reads a cache row that another writes.
+  // before its first copies (with rotary, once they are issued) and written after its last
+  // tile (HeldRow); any further rows (more new rows than CTAs) go the same way there, each
+  // read then written. A CTA whose keys include new rows reads them from k_new/v_new instead
+  // (rotated in shared memory), so no CTA of this grid reads a cache row that another writes.
   const bool append = kAppend && p.seqlen_new > 0;
   constexpr bool rotary = kRotary;
   // Tiles from n_fresh on hold new keys: the sequence's first c_b − s_b keys are the cache's.
   const int n_fresh = append ? (seq.cached - seq.start) / kBlockN : INT_MAX;
   const int writers = int(gridDim.y * gridDim.z), writer = int(blockIdx.z * gridDim.y + blockIdx.y);
   HeldRow<Element, kRotary> held;
-  if (append) held.read(p, seq, b, hk, writer);
+  // With rotary and a ring of three stages or more, the held row and the rotary tables are
+  // read right after the first tile's copies are issued (mainloop's step 0): at head dim 128,
+  // batch 1, a 4k cache on an H200, that is 2% faster than reading them first, while the
+  // appending kernel without rotary is 2% slower so (the two builds timed in alternating
+  // processes, each against its own plain decode).
+  // A two-stage ring turns Q right after its first tile's issue, so it reads them here.
+  constexpr bool kReadLate = kRotary && kStages > 2;
+  if (!kReadLate && append) held.read(p, seq, b, hk, writer);
   auto write_new_rows = [&] {
     if constexpr (kAppend) {
 #pragma unroll 1
@@ -313,7 +320,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // group of their own and are turned as soon as they land, while the ring's first tiles are
   // still in flight; a tile's new keys are turned at its turn in the ring. The tables of the
   // thread's first q row and of its first kRotaryAhead new keys of the first tile are read
-  // before the ring's first copies and kept unconverted until used.
+  // right after the ring's first copies are issued (before them in a two-stage ring) and
+  // kept unconverted until used.
   constexpr int kRotaryAhead = 2;
   constexpr int kPairSlots = kHeadDim / 2, kRowsPerPass = Tr::kNThreads / kPairSlots;
   static_assert(kRowsPerPass >= 1, "a thread for each pair of a row");
@@ -322,7 +330,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   auto fresh_rows = [&](int n, int& lo, int& hi) {  // tile n's new keys to turn: rows [lo, hi)
     const int first = seq.start + n * kBlockN;
     lo = max(0, seq.cached - first), hi = min(kBlockN, seq.cached + p.seqlen_new - first);
-    if (!rotary || n < n_fresh || lo >= hi) lo = hi = 0;
+    if (!rotary || lo >= hi) lo = hi = 0;  // a tile below n_fresh gives lo ≥ kBlockN ≥ hi
     return lo < hi;
   };
   auto table = [&](int pos, Element& cs, Element& sn) {  // pair c_mine's at position pos
@@ -373,16 +381,24 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // ring's first steps with no copies, then writes its held row like any other.
   auto mainloop = [&](auto&& math) {
     const bool any = n_end > n_begin;
-    if (any && rotary && turns) {
-      int lo = 0, hi = 0;
-      fresh_rows(n_end - 1, lo, hi);
-      table(q_pos(r_mine), q_cs, q_sn);
-      CUTE_UNROLL
-      for (int j = 0; j < kRotaryAhead; ++j) {
-        const int row = lo + r_mine + j * kRowsPerPass;
-        if (row < hi) table(key_pos(n_end - 1, row), k_cs[j], k_sn[j]);
+    // The rotary tables of the thread's first q row and of the first tile's first new keys.
+    // With kReadLate they are read, with the held row, right after the first tile's copies
+    // are issued (the step j = 0 below): everything before those copies delays every tile of
+    // the split, and in the compiled head-dim-128 kernels the first copy was instruction 328
+    // of the plain kernel and 483 and 646 of the appending ones when these reads came first.
+    auto read_tables = [&] {
+      if (any && rotary && turns) {
+        int lo = 0, hi = 0;
+        fresh_rows(n_end - 1, lo, hi);
+        table(q_pos(r_mine), q_cs, q_sn);
+        CUTE_UNROLL
+        for (int j = 0; j < kRotaryAhead; ++j) {
+          const int row = lo + r_mine + j * kRowsPerPass;
+          if (row < hi) table(key_pos(n_end - 1, row), k_cs[j], k_sn[j]);
+        }
       }
-    }
+    };
+    if (!kReadLate) read_tables();
     if (any) load_rows(tQsQ, tQcQ, q_row);
     if (any && rotary) cp_async_fence();  // Q's own group
     int st_load = 0, st = 0;
@@ -400,6 +416,10 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
       if (j < 0) continue;
       cp_async_fence();
       st_load = st_load + 1 == kStages ? 0 : st_load + 1;
+      if (kReadLate && j == 0) {  // the held row and the tables, behind the first tile's copies
+        if (append) held.read(p, seq, b, hk, writer);
+        read_tables();
+      }
       if (j == kStages - 2 && any && rotary) {  // the ring's first tiles issued: Q turned meanwhile
         cp_async_wait<kStages - 1>();  // Q's group has landed ...
         __syncthreads();  // ... for every thread (the first compute step's barrier publishes the turn)

@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // With rotary and a ring of three stages or more, the held row and the rotary tables are
   // read right after the first tile's copies are issued (mainloop's step 0): at head dim 128,
   // batch 1, a 4k cache on an H200, that is 2% faster than reading them first, while the
-  // appending kernel without rotary is 2% slower so (the two builds timed in alternating
+  // appending kernel without rotary is 2.5% slower so (the two builds timed in alternating
   // processes, each against its own plain decode).
   // A two-stage ring turns Q right after its first tile's issue, so it reads them here.
   constexpr bool kReadLate = kRotary && kStages > 2;

@@ -319,9 +319,9 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // and no thread divides by a run-time value to find its pairs. Q's rows come in a cp.async
   // group of their own and are turned as soon as they land, while the ring's first tiles are
   // still in flight; a tile's new keys are turned at its turn in the ring. The tables of the
-  // thread's first q row and of its first kRotaryAhead new keys of the first tile are read
-  // right after the ring's first copies are issued (before them in a two-stage ring) and
-  // kept unconverted until used.
+  // thread's first q row and (in the one split whose first tile holds new keys) of its first
+  // kRotaryAhead new keys of that tile are read right after the ring's first copies are
+  // issued (before them in a two-stage ring) and kept unconverted until used.
   constexpr int kRotaryAhead = 2;
   constexpr int kPairSlots = kHeadDim / 2, kRowsPerPass = Tr::kNThreads / kPairSlots;
   static_assert(kRowsPerPass >= 1, "a thread for each pair of a row");
@@ -381,7 +381,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // ring's first steps with no copies, then writes its held row like any other.
   auto mainloop = [&](auto&& math) {
     const bool any = n_end > n_begin;
-    // The rotary tables of the thread's first q row and of the first tile's first new keys.
+    // The rotary tables of the thread's first q row and of the first tile's first new keys, if any.
     // With kReadLate they are read, with the held row, right after the first tile's copies
     // are issued (the step j = 0 below): everything before those copies delays every tile of
     // the split, and in the compiled head-dim-128 kernels the first copy was instruction 328
@@ -389,12 +389,18 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
     auto read_tables = [&] {
       if (any && rotary && turns) {
         int lo = 0, hi = 0;
-        fresh_rows(n_end - 1, lo, hi);
         table(q_pos(r_mine), q_cs, q_sn);
-        CUTE_UNROLL
-        for (int j = 0; j < kRotaryAhead; ++j) {
-          const int row = lo + r_mine + j * kRowsPerPass;
-          if (row < hi) table(key_pos(n_end - 1, row), k_cs[j], k_sn[j]);
+        // Only the split whose first tile holds new keys reads their tables. lo and hi pass
+        // through an empty asm so that the compiler cannot hoist the tables' address
+        // arithmetic out of the branch into every CTA (it did: 52 instructions before the
+        // ring in each CTA of the head-dim-128 kernel, for loads predicated off).
+        if (fresh_rows(n_end - 1, lo, hi)) {
+          asm volatile("" : "+r"(lo), "+r"(hi));
+          CUTE_UNROLL
+          for (int j = 0; j < kRotaryAhead; ++j) {
+            const int row = lo + r_mine + j * kRowsPerPass;
+            if (row < hi) table(key_pos(n_end - 1, row), k_cs[j], k_sn[j]);
+          }
         }
       }
     };
@@ -417,7 +423,15 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
       cp_async_fence();
       st_load = st_load + 1 == kStages ? 0 : st_load + 1;
       if (kReadLate && j == 0) {  // the held row and the tables, behind the first tile's copies
-        if (append) held.read(p, seq, b, hk, writer);
+        if (append) {
+          // writer through an empty asm, for the same reason: the held row's address
+          // arithmetic then stays in the CTAs that hold a row. With both, a warp of the
+          // head-dim-128 rotary kernel executes 49 fewer instructions at batch 1, 4k (2,884),
+          // and the append with rotary reads 1% faster there (flash-decoding.md, section 7).
+          int w = writer;
+          asm volatile("" : "+r"(w));
+          held.read(p, seq, b, hk, w);
+        }
         read_tables();
       }
       if (j == kStages - 2 && any && rotary) {  // the ring's first tiles issued: Q turned meanwhile

@@ -215,7 +215,8 @@ bool kv_occupancy(const void* kernel, int device, int smem_bytes, KvOccupancy* o
 // multiplies its 16 rows by the whole tile, four times the MMA work per byte of the
 // keys-per-warp kernel, and a lone CTA per SM leaves the memory idle while it computes.
 // s is the smallest count within 5% of the best time (fewer splits: fewer partials
-// for the combine). Where the CTAs already fill 80% of a wave, one split.
+// for the combine). Where the CTAs already fill 80% of a wave, one split, or the model on
+// resident slots where the last wave leaves SMs without a CTA (below).
 int kv_splits(const KvCacheParams& p) {
   const KvEntries in = entries_for<KvEntries>(p);
   const int n_tiles = std::max(1, (p.seqlen_k + in.block_n() - 1) / in.block_n());
@@ -229,9 +230,21 @@ int kv_splits(const KvCacheParams& p) {
   const bool by_bytes = p.block_table == nullptr && in.keys_per_warp(p);
   const int per_sm =
       by_bytes ? std::clamp((kBytesInFlightPerSm + per_ring - 1) / per_ring, 1, resident) : resident;
-  const int64_t slots = int64_t(std::max(occ.sms, 1)) * per_sm;
+  int64_t slots = int64_t(std::max(occ.sms, 1)) * per_sm;
   const int64_t ctas = int64_t(p.batch) * p.heads_kv * kv_row_blocks(p, in.block_m());
-  if (ctas * 5 >= slots * 4) return 1;  // 80% of a wave already
+  if (ctas * 5 >= slots * 4) {
+    // 80% of a wave already: one split, unless the CTAs run in waves of every resident slot and
+    // the last of them leaves SMs without a CTA. Those SMs issue no loads, and the memory is
+    // under-used while that wave runs (at a 4k cache on an H200, head dim 128, a last wave of 8
+    // to 120 CTAs on 132 SMs read 3-6% slower than whole waves, one of 240 or 248 about 1%;
+    // flash-decoding.md, "Many CTAs: the last wave"). There the model runs on resident slots.
+    // Within one wave, or with a CTA on every SM in the last, more splits cost up to 20% at
+    // batches 16 to 32 and 3-5% at batches 64 and 128.
+    const int64_t sms = std::max(occ.sms, 1), resident_slots = sms * resident;
+    const int64_t last = ctas % resident_slots;
+    if (ctas <= resident_slots || last == 0 || last >= sms) return 1;
+    slots = resident_slots;
+  }
   auto time = [&](int s) {
     const int64_t waves = (ctas * s + slots - 1) / slots;
     return waves * ((n_tiles + s - 1) / s + 1);

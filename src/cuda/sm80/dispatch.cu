@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/kv_splits.h"
 #include "common/registry.h"
 #include "cuda/common.cuh"
 #include "cuda/head_dims.h"
@@ -199,10 +200,7 @@ bool kv_occupancy(const void* kernel, int device, int smem_bytes, KvOccupancy* o
 
 // How many splits the keys of each (sequence, KV head, row block) get: the caller's
 // num_splits (at most kMaxSplits and the cache's key tiles), or with 0 the count that a model
-// of the critical path finishes soonest with. The CTAs of s splits run in
-// ceil(ctas·s / slots) waves of `slots` = SMs × the CTAs per SM a wave counts, and a CTA of
-// each wave streams ceil(tiles / s) key tiles plus about one tile's worth of fixed cost (Q,
-// the ring's first loads, its partials): time(s) = waves(s) · (ceil(tiles / s) + 1).
+// of the critical path finishes soonest with (kv_split_count, common/kv_splits.h).
 // A wave counts as many CTAs per SM as keep kBytesInFlightPerSm of K and V in flight, at most
 // the resident ones: one at head dim 128 (64 KiB each), two at 64 (32 KiB each), where
 // filling every resident slot read less (docs/learn/flash-decoding.md, "How many splits").
@@ -214,9 +212,6 @@ bool kv_occupancy(const void* kernel, int device, int smem_bytes, KvOccupancy* o
 // kernel that spreads rows over its warps (a block of more than 16 packed rows): each warp
 // multiplies its 16 rows by the whole tile, four times the MMA work per byte of the
 // keys-per-warp kernel, and a lone CTA per SM leaves the memory idle while it computes.
-// s is the smallest count within 5% of the best time (fewer splits: fewer partials
-// for the combine). Where the CTAs already fill 80% of a wave, one split, or the model on
-// resident slots where the last wave leaves SMs without a CTA (below).
 int kv_splits(const KvCacheParams& p) {
   const KvEntries in = entries_for<KvEntries>(p);
   const int n_tiles = std::max(1, (p.seqlen_k + in.block_n() - 1) / in.block_n());
@@ -228,32 +223,14 @@ int kv_splits(const KvCacheParams& p) {
   const int per_ring = std::max(in.bytes_in_flight(), 1);
   const int resident = std::max(occ.resident, 1);
   const bool by_bytes = p.block_table == nullptr && in.keys_per_warp(p);
-  const int per_sm =
-      by_bytes ? std::clamp((kBytesInFlightPerSm + per_ring - 1) / per_ring, 1, resident) : resident;
-  int64_t slots = int64_t(std::max(occ.sms, 1)) * per_sm;
-  const int64_t ctas = int64_t(p.batch) * p.heads_kv * kv_row_blocks(p, in.block_m());
-  if (ctas * 5 >= slots * 4) {
-    // 80% of a wave already: one split, unless the CTAs run in waves of every resident slot and
-    // the last of them leaves SMs without a CTA. Those SMs issue no loads, and the memory is
-    // under-used while that wave runs (at a 4k cache on an H200, head dim 128, a last wave of 8
-    // to 120 CTAs on 132 SMs read 3-6% slower than whole waves, one of 240 or 248 about 1%;
-    // flash-decoding.md, "Many CTAs: the last wave"). There the model runs on resident slots.
-    // Within one wave, or with a CTA on every SM in the last, more splits cost up to 20% at
-    // batches 16 to 32 and 3-5% at batches 64 and 128.
-    const int64_t sms = std::max(occ.sms, 1), resident_slots = sms * resident;
-    const int64_t last = ctas % resident_slots;
-    if (ctas <= resident_slots || last == 0 || last >= sms) return 1;
-    slots = resident_slots;
-  }
-  auto time = [&](int s) {
-    const int64_t waves = (ctas * s + slots - 1) / slots;
-    return waves * ((n_tiles + s - 1) / s + 1);
-  };
-  int64_t best = time(1);
-  for (int s = 2; s <= most; ++s) best = std::min(best, time(s));
-  for (int s = 1; s <= most; ++s)
-    if (time(s) * 20 <= best * 21) return s;
-  return 1;
+  KvSplitInputs model;
+  model.sms = std::max(occ.sms, 1);
+  model.resident = resident;
+  model.per_sm = by_bytes ? std::clamp((kBytesInFlightPerSm + per_ring - 1) / per_ring, 1, resident) : resident;
+  model.ctas = int64_t(p.batch) * p.heads_kv * kv_row_blocks(p, in.block_m());
+  model.n_tiles = n_tiles;
+  model.most = most;
+  return kv_split_count(model);
 }
 
 // The workspace: split-KV's partial O and LSE per split and row (kv_kernel.cuh; none with

@@ -221,12 +221,11 @@ int kv_splits(const KvCacheParams& p) {
   if (!kv_occupancy(in.kernel(p), p.device_index, in.smem_bytes(), &occ)) return 1;
   constexpr int kBytesInFlightPerSm = 64 * 1024;
   const int per_ring = std::max(in.bytes_in_flight(), 1);
-  const int resident = std::max(occ.resident, 1);
   const bool by_bytes = p.block_table == nullptr && in.keys_per_warp(p);
-  KvSplitInputs model;
-  model.sms = std::max(occ.sms, 1);
-  model.resident = resident;
-  model.per_sm = by_bytes ? std::clamp((kBytesInFlightPerSm + per_ring - 1) / per_ring, 1, resident) : resident;
+  KvSplitInputs model;  // kv_split_count clamps per_sm to [1, resident]
+  model.sms = occ.sms;
+  model.resident = occ.resident;
+  model.per_sm = by_bytes ? (kBytesInFlightPerSm + per_ring - 1) / per_ring : occ.resident;
   model.ctas = int64_t(p.batch) * p.heads_kv * kv_row_blocks(p, in.block_m());
   model.n_tiles = n_tiles;
   model.most = most;

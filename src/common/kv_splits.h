@@ -23,6 +23,12 @@ struct KvSplitInputs {
 // the ring's first loads, its partials): time(s) = waves(s) · (ceil(tiles / s) + 1). The count
 // is the smallest within 5% of the best time (fewer splits: fewer partials for the combine).
 //
+// Below 80% of a wave, the splits' CTAs stay within one wave of resident CTAs: a count that
+// spills past it leaves a second wave of a few CTAs, which the model above counts as a whole
+// wave of slots but which runs with most SMs idle (head dim 128, batch 12 at a 4k cache on an
+// H200: 96 CTAs, 4 splits read 8% slower than one; head dim 64, batch 24: 192 CTAs, 4 splits
+// 8% slower).
+//
 // Where the CTAs already fill 80% of a wave: one split, unless the CTAs run in waves of every
 // resident slot and the last of them leaves SMs without a CTA. Those SMs issue no loads, and
 // the memory is under-used while that wave runs (at a 4k cache on an H200, head dim 128, a
@@ -33,12 +39,16 @@ struct KvSplitInputs {
 inline int kv_split_count(const KvSplitInputs& in) {
   const int64_t sms = std::max(in.sms, 1), resident = std::max(in.resident, 1);
   const int64_t ctas = std::max<int64_t>(in.ctas, 1);
-  const int most = std::max(in.most, 1), n_tiles = std::max(in.n_tiles, 1);
+  const int n_tiles = std::max(in.n_tiles, 1);
+  int most = std::max(in.most, 1);
   int64_t slots = sms * std::clamp<int64_t>(in.per_sm, 1, resident);
+  const int64_t resident_slots = sms * resident;
   if (ctas * 5 >= slots * 4) {
-    const int64_t resident_slots = sms * resident, last = ctas % resident_slots;
+    const int64_t last = ctas % resident_slots;
     if (ctas <= resident_slots || last == 0 || last >= sms) return 1;
     slots = resident_slots;
+  } else {
+    most = int(std::min<int64_t>(most, std::max<int64_t>(1, resident_slots / ctas)));
   }
   auto time = [&](int s) {
     const int64_t waves = (ctas * s + slots - 1) / slots;

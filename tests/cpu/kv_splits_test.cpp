@@ -35,6 +35,19 @@ TEST(KvSplits, BatchOneFillsTheSms) {
   EXPECT_EQ(splits(4, 32768), 4);
 }
 
+TEST(KvSplits, FewCtasSplitWithinOneWaveOfResidentCtas) {
+  // Batch 12 (96 CTAs, 264 resident slots): 4 splits would leave a second wave of 120 CTAs;
+  // 2 fit but the model gains nothing from them.
+  EXPECT_EQ(splits(12, 4096), 1);
+  EXPECT_EQ(splits(24, 4096, 64), 1);   // 192 CTAs, 528 slots: 2 fit, 4 would not
+  EXPECT_EQ(splits(16, 4096, 64), 2);   // 128 CTAs: 2 splits fill 256 of 528
+  EXPECT_EQ(splits(24, 4096, 256), 1);  // 192 CTAs, 264 slots
+  EXPECT_EQ(splits(16, 4096, 256), 2);
+  EXPECT_EQ(splits(8, 4096, 256), 4);
+  EXPECT_EQ(splits(8, 4096), 2);
+  EXPECT_EQ(splits(4, 4096), 4);
+}
+
 TEST(KvSplits, OneWaveOfResidentCtasStaysWhole) {
   // 128 to 264 CTAs: more splits read 4-20% slower at a 4k cache on an H200.
   for (int batch : {16, 20, 24, 32, 33}) EXPECT_EQ(splits(batch, 4096), 1) << "batch " << batch;

@@ -184,7 +184,11 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   // processes, each against its own plain decode).
   // A two-stage ring turns Q right after its first tile's issue, so it reads them here.
   constexpr bool kReadLate = kRotary && kStages > 2;
-  if (!kReadLate && append) held.read(p, seq, b, hk, writer);
+  if (!kReadLate && append) {
+    int w = writer;  // keys per warp: through an empty asm, so the held row's address
+    if constexpr (kKeysPerWarp) asm volatile("" : "+r"(w));  // arithmetic stays in its branch
+    held.read(p, seq, b, hk, w);
+  }
   auto write_new_rows = [&] {
     if constexpr (kAppend) {
 #pragma unroll 1
@@ -229,6 +233,7 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
   const Element* k_cache = static_cast<const Element*>(p.k) + hk * p.k_head_stride;
   const Element* v_cache = static_cast<const Element*>(p.v) + hk * p.v_head_stride;
   // The new rows of this (sequence, KV head), row t at k_fresh + t·kn_row_stride (appending).
+  // The keys-per-warp kernel computes them where it reads them, in load_kv (below).
   const Element* k_fresh = append ? static_cast<const Element*>(p.k_new) + b * p.kn_batch_stride + hk * p.kn_head_stride : nullptr;
   const Element* v_fresh = append ? static_cast<const Element*>(p.v_new) + b * p.vn_batch_stride + hk * p.vn_head_stride : nullptr;
   auto q_row = [&](int row, int) -> const Element* {
@@ -295,6 +300,23 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
         return v_cache + page[m] * p.v_batch_stride + int64_t(row & mask_rows) * p.v_row_stride;
       });
     } else {  // a sequence's first or last tile, or pages of any size; new rows from k_new/v_new
+      // The keys-per-warp kernel's new rows: b and hk pass through an empty asm, so that the
+      // compiler cannot hoist this 64-bit arithmetic out of the branch into every CTA's start,
+      // before its first copies (at batch 1 and a 4k cache on an H200, appending ran 0.6-0.9%
+      // faster). The rows-per-warp kernels keep it at the start: there the move spilled 24-40
+      // bytes at head dim 256.
+      const Element* kf = nullptr;
+      const Element* vf = nullptr;
+      if constexpr (kKeysPerWarp) {
+        if (append) {
+          int bb = b, hh = hk;
+          asm volatile("" : "+r"(bb), "+r"(hh));
+          kf = static_cast<const Element*>(p.k_new) + bb * p.kn_batch_stride + hh * p.kn_head_stride;
+          vf = static_cast<const Element*>(p.v_new) + bb * p.vn_batch_stride + hh * p.vn_head_stride;
+        }
+      } else {
+        kf = k_fresh, vf = v_fresh;
+      }
       // Row `row` of the cache (base, strides) or, appending, new row t from `fresh`.
       auto row_of = [&](const Element* cache, int64_t base, int64_t batch_stride, int64_t row_stride,
                         const Element* fresh, int64_t fresh_row_stride) {
@@ -306,8 +328,8 @@ __global__ void __launch_bounds__(Tr::kNThreads, Tr::kMinBlocksPerSm)
                                        : page[m] * batch_stride + int64_t((first + row) % p.page_size) * row_stride);
         };
       };
-      load_rows(dst_k, tKVcKV, row_of(k_cache, k_base, p.k_batch_stride, p.k_row_stride, k_fresh, p.kn_row_stride));
-      load_rows(dst_v, tKVcKV, row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride, v_fresh, p.vn_row_stride));
+      load_rows(dst_k, tKVcKV, row_of(k_cache, k_base, p.k_batch_stride, p.k_row_stride, kf, p.kn_row_stride));
+      load_rows(dst_v, tKVcKV, row_of(v_cache, v_base, p.v_batch_stride, p.v_row_stride, vf, p.vn_row_stride));
     }
   };
 

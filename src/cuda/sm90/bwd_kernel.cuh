@@ -259,12 +259,12 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
       pipeline_do.consumer_wait(state_do);
       bwd_zero_rows<Tr>(seq.len_q - i0, ctid, sQ(_, _, st), sDo(_, _, st));
     }
-    warpgroup_gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, st), acc_s);
+    warpgroup_gemm_issue<true, true>(mma_sdp, tSrK, tSrQ(_, _, _, st), acc_s);
     const BwdScores<Tr> scores(p, seq, ss.lse_log2.data() + st * kM, ss.dsum.data() + st * kM, i0, n_block * kN);
     float lse[Tr::kLseInRegisters ? decltype(size(acc_s))::value : 1];
     if constexpr (Tr::kLseInRegisters) scores.gather(scores.lse_log2, tScS, lse);  // while S runs
     pipeline_do.consumer_wait(state_do);
-    warpgroup_gemm_issue<true>(mma_sdp, tSrV, tSrDo(_, _, _, st), acc_dp);
+    warpgroup_gemm_issue<true, true>(mma_sdp, tSrV, tSrDo(_, _, _, st), acc_dp);
     if constexpr (Tr::kLseInRegisters) scores.template form<kSoftcap>(acc_s, acc_dp, tScS, lse);
     else scores.template form<kSoftcap>(acc_s, acc_dp, tScS);
     Tensor rP = round_to<Element>(acc_s);    // (MMA, MMA_N, MMA_M)
@@ -272,7 +272,7 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
 
     // dV += Pᵀ dO, Pᵀ from registers.
     Tensor tPrP = make_tensor(rP.data(), acc_as_a_operand(rP.layout()));
-    warpgroup_gemm_issue<false>(mma_dkv, tPrP, tDkvrDot(_, _, _, st), acc_dv);
+    warpgroup_gemm_issue<false, true>(mma_dkv, tPrP, tDkvrDot(_, _, _, st), acc_dv);
 
     // dS to shared memory, where both warpgroups' dQ MMAs read all keys of it: stmatrix.trans,
     // four 8×8 tiles per instruction, each register tile's columns (8 keys of one query)
@@ -286,9 +286,9 @@ __device__ __forceinline__ void bwd_consume(const BwdKernelParams<Tr>& kp, typen
     // dK += dSᵀ Q.
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<BlkM, HeadDim>{});  // (MMA, MMA_M, MMA_D)
     Tensor tDqrDs_st = tDqrDs(_, _, _, ds_st);  // (MMA, MMA_M, MMA_N)
-    warpgroup_gemm_issue<true>(mma_dq, tDqrDs_st, tDqrKt, acc_dq);
+    warpgroup_gemm_issue<true, true>(mma_dq, tDqrDs_st, tDqrKt, acc_dq);
     Tensor tDsrDs = make_tensor(rDs.data(), acc_as_a_operand(rDs.layout()));
-    warpgroup_gemm_issue<false>(mma_dkv, tDsrDs, tDkvrQt(_, _, _, st), acc_dk);
+    warpgroup_gemm_issue<false, true>(mma_dkv, tDsrDs, tDkvrQt(_, _, _, st), acc_dk);
 
     warpgroup_wait_for<1>(acc_dq);  // dV (the last reader of dO) and dQ are done
     pipeline_do.consumer_release(state_do);

@@ -138,7 +138,21 @@ __device__ __forceinline__ void load(const MainloopParams<Tr>& mp, const FwdPara
 //   tB (MMA, MMA_N, MMA_K): shared-memory descriptors; acc (MMA, MMA_M, MMA_N)
 // The operand fences keep the compiler from moving register reads or writes of the
 // accumulators (and of a register A) across the asynchronous MMA.
-template <bool kZeroInit, class TiledMma, class TA, class TB, class Acc>
+// Slice k of a tensor of shared-memory descriptors (MMA, MMA_X, MMA_K), its first
+// descriptor made from the tensor's first by one 64-bit add. CuTe adds the offset to the low
+// word alone; ptxas then rebuilds each wgmma's register pair with a UIADD3 and a UMOV of the
+// unchanged high word, two uniform instructions per descriptor, where the 64-bit add is one
+// UIADD3.64.
+template <class T>
+__device__ __forceinline__ auto desc_slice64(T const& t, int k) {
+  auto slice = t(_, _, k);
+  const GmmaDescriptor base = t.data().desc_;
+  GmmaDescriptor d;
+  d.desc_ = base.desc_ + uint64_t(slice.data().desc_.reg32_[0] - base.reg32_[0]);
+  return make_tensor(GMMA::DescriptorIterator{d}, slice.layout());
+}
+// kDesc64: the descriptors of each k-block by desc_slice64 (the Hopper backward's steps).
+template <bool kZeroInit, bool kDesc64 = false, class TiledMma, class TA, class TB, class Acc>
 __device__ __forceinline__ void warpgroup_gemm_issue(TiledMma& mma, TA& tA, TB const& tB,
                                                      Acc& acc) {
   constexpr bool kARegs = !is_same_v<typename TA::value_type, GMMA::DescriptorIterator::value_type>;  // P, not Q
@@ -148,7 +162,12 @@ __device__ __forceinline__ void warpgroup_gemm_issue(TiledMma& mma, TA& tA, TB c
   mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
   CUTE_UNROLL
   for (int k = 0; k < size<2>(tA); ++k) {
-    gemm(mma, tA(_, _, k), tB(_, _, k), acc);
+    if constexpr (!kDesc64)
+      gemm(mma, tA(_, _, k), tB(_, _, k), acc);
+    else if constexpr (kARegs)
+      gemm(mma, tA(_, _, k), desc_slice64(tB, k), acc);
+    else
+      gemm(mma, desc_slice64(tA, k), desc_slice64(tB, k), acc);
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
